@@ -1,0 +1,546 @@
+"""The deployment plan: every value two places must agree on, derived once from a StackConfig.
+
+`build_plan(cfg)` validates the whole configuration (every problem at once, each naming its setting
+and the fix), then derives nodes and roles, DP instances, every rank (node, devices, port, global DP
+rank, DP master address, RPC port), each rank's full `vllm serve` argv and environment, the proxy's
+argv, and the etcd and worker command lines. Shell text is rendered from this in `scripts.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .config import Role, StackConfig
+from .errors import ConfigError, Problem, setting
+
+ROLES = ("prefill", "decode")
+
+# Mooncake's AscendDirect transport listens on a random port in [20000 + 1000*dev, 21000 + 1000*dev]
+# for every NPU of the node, so nothing fixed may live in [20000, 20000 + 1000*NPUs).
+MOONCAKE_DIRECT_BASE = 20000
+MOONCAKE_DIRECT_PER_DEVICE = 1000
+
+# Flags the plan derives; writing them in a tuning map would create a second source of truth.
+DERIVED_FLAGS = {
+    "host": "it is each rank's node address (ascend-pd:nodes[].address)",
+    "port": "set ascend-pd:<role>.portBase (rank i listens on portBase + i)",
+    "data-parallel-size": "set ascend-pd:<role>.dp",
+    "data-parallel-rank": "ranks are derived from the node order in ascend-pd:<role>.nodes",
+    "data-parallel-address": "it is the instance's first node, from ascend-pd:<role>.nodes",
+    "data-parallel-rpc-port": "set ascend-pd:<role>.rpcPort",
+    "data-parallel-size-local": "it is dp / nodesPerInstance",
+    "tensor-parallel-size": "set ascend-pd:<role>.tp",
+    "kv-transfer-config": "set ascend-pd:<role>.kvPort / connector; the JSON is derived",
+    "served-model-name": "set ascend-pd:model.servedName",
+    "model": "set ascend-pd:model.path",
+}
+DERIVED_ENV = {
+    "PYTHONHASHSEED": "it is always 0 on every rank (pool keys must hash identically)",
+    "DS_WORKER_ADDR": "it is the node address with ascend-pd:yuanrong.port",
+    "DS_ENABLE_REMOTE_H2D": "set ascend-pd:yuanrong.rh2dDeviceIds to enable RH2D",
+    "HCCL_IF_IP": "it is the node address",
+    "GLOO_SOCKET_IFNAME": "set ascend-pd:nodes[].nic",
+    "TP_SOCKET_IFNAME": "set ascend-pd:nodes[].nic",
+    "HCCL_SOCKET_IFNAME": "set ascend-pd:nodes[].nic",
+    "ASCEND_RT_VISIBLE_DEVICES": "devices follow from ascend-pd:<role>.tp and the rank layout",
+}
+# Unset in every rank's environment, as the seeds do: an HTTP proxy would capture rank-to-rank and
+# proxy-to-rank traffic, and glog-to-stderr floods the openYuanrong client's output.
+UNSET_ENV = ("http_proxy", "https_proxy", "ftp_proxy", "GOOGLE_LOGTOSTDERR", "GOOGLE_ALSOLOGTOSTDERR")
+PROXY_FLAGS = ("max-retries", "retry-delay", "max-waiting-retries", "waiting-retry-interval")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    address: str
+    nic: str
+    npus: int
+    roles: tuple[str, ...]  # subset of prefill, decode, etcd, proxy
+
+
+@dataclass(frozen=True)
+class Rank:
+    role: str
+    instance: int
+    node: str
+    address: str
+    local_index: int
+    dp_rank: int
+    dp_size: int
+    tp: int
+    devices: tuple[int, ...]
+    port: int
+    dp_address: str
+    rpc_port: int
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    kv_transfer_config: str  # the JSON text passed to --kv-transfer-config
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.instance}-r{self.dp_rank}"
+
+    @property
+    def visible_devices(self) -> str:
+        return ",".join(str(d) for d in self.devices)
+
+
+@dataclass(frozen=True)
+class Instance:
+    role: str
+    index: int
+    nodes: tuple[str, ...]
+    dp: int
+    tp: int
+    dp_address: str
+    ranks: tuple[Rank, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def ranks_on(self, node: str) -> tuple[Rank, ...]:
+        return tuple(r for r in self.ranks if r.node == node)
+
+
+@dataclass(frozen=True)
+class EtcdPlan:
+    node: str
+    address: str
+    client_port: int
+    peer_port: int
+    data_dir: str
+    argv: tuple[str, ...]
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.client_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.endpoint}"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    node: str
+    address: str  # host:port, the key under /datasystem/cluster/ in etcd
+    workdir: str
+    argv: tuple[str, ...]  # full `dscli start ...`
+
+
+@dataclass(frozen=True)
+class ProxyPlan:
+    node: str
+    address: str
+    port: int
+    argv: tuple[str, ...]
+    prefillers: tuple[tuple[str, int], ...]
+    decoders: tuple[tuple[str, int], ...]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: str
+    cfg: StackConfig = field(repr=False)
+    nodes: tuple[NodePlan, ...]
+    instances: tuple[Instance, ...]
+    etcd: EtcdPlan
+    workers: tuple[WorkerPlan, ...]
+    proxy: ProxyPlan
+
+    @property
+    def ranks(self) -> tuple[Rank, ...]:
+        return tuple(r for i in self.instances for r in i.ranks)
+
+    def node(self, name: str) -> NodePlan:
+        return next(n for n in self.nodes if n.name == name)
+
+    def worker(self, node: str) -> WorkerPlan:
+        return next(w for w in self.workers if w.node == node)
+
+    def instances_of(self, role: str) -> tuple[Instance, ...]:
+        return tuple(i for i in self.instances if i.role == role)
+
+    def ranks_of(self, role: str) -> tuple[Rank, ...]:
+        return tuple(r for i in self.instances_of(role) for r in i.ranks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _mib(docker_size: str) -> int:
+    units = {"k": 1 / 1024, "m": 1, "g": 1024}
+    unit = docker_size[-1] if docker_size[-1] in units else ""
+    number = int(docker_size[:-1] if unit else docker_size)
+    return int(number * units[unit]) if unit else number // (1024 * 1024)
+
+
+def _check_flag_keys(problems: list[Problem], where: tuple, flags: dict) -> None:
+    for key in flags:
+        if key.startswith("-"):
+            problems.append(
+                Problem(setting(*where, key), "flag names are written without leading dashes",
+                        f"write `{key.lstrip('-')}`")
+            )
+            continue
+        if key in DERIVED_FLAGS:
+            problems.append(
+                Problem(setting(*where, key), f"--{key} is derived by ascend-pd", DERIVED_FLAGS[key])
+            )
+
+
+def _check_env_keys(problems: list[Problem], where: tuple, env: dict) -> None:
+    for key, value in env.items():
+        if key in DERIVED_ENV:
+            problems.append(Problem(setting(*where, key), f"{key} is derived by ascend-pd", DERIVED_ENV[key]))
+        if "$(" in str(value) or "`" in str(value):
+            problems.append(
+                Problem(setting(*where, key), "command substitution is not allowed in env values",
+                        "write the literal value; only $NAME / ${NAME} references are expanded")
+            )
+
+
+def _validate(cfg: StackConfig) -> list[Problem]:
+    p: list[Problem] = []
+    names = [n.name for n in cfg.nodes]
+    addresses = [n.address for n in cfg.nodes]
+    for i, n in enumerate(cfg.nodes):
+        if names.count(n.name) > 1 and names.index(n.name) != i:
+            p.append(Problem(setting("nodes", i, "name"), f"node name {n.name!r} is used twice",
+                             "give every node a unique name"))
+        if addresses.count(n.address) > 1 and addresses.index(n.address) != i:
+            p.append(Problem(setting("nodes", i, "address"), f"address {n.address} is used twice",
+                             "give every node its own address"))
+
+    seen_role: dict[str, str] = {}
+    for role in ROLES:
+        r: Role = getattr(cfg, role)
+        for j, node in enumerate(r.nodes):
+            if node not in names:
+                p.append(Problem(setting(role, "nodes", j), f"unknown node {node!r}",
+                                 f"use one of the names in ascend-pd:nodes: {names}"))
+            elif node in seen_role:
+                other = seen_role[node]
+                p.append(Problem(setting(role, "nodes", j),
+                                 f"node {node!r} is already assigned to {other}",
+                                 "assign every node to at most one role, once"))
+            else:
+                seen_role[node] = role
+        if len(r.nodes) % r.nodes_per_instance:
+            p.append(Problem(setting(role, "nodesPerInstance"),
+                             f"{len(r.nodes)} nodes cannot be split into instances of {r.nodes_per_instance}",
+                             f"list a multiple of {r.nodes_per_instance} nodes in ascend-pd:{role}.nodes"))
+        if r.dp % r.nodes_per_instance:
+            p.append(Problem(setting(role, "dp"),
+                             f"dp {r.dp} is not divisible by nodesPerInstance {r.nodes_per_instance}",
+                             "make dp a multiple of nodesPerInstance (each node runs dp/nodesPerInstance ranks)"))
+        else:
+            local = r.dp // r.nodes_per_instance
+            if local * r.tp > cfg.npus:
+                p.append(Problem(setting(role, "tp"),
+                                 f"{local} local DP ranks x tp {r.tp} = {local * r.tp} NPUs, "
+                                 f"but {cfg.hardware} has {cfg.npus} per node",
+                                 "lower dp or tp, or raise nodesPerInstance"))
+        _check_flag_keys(p, (role, "flags"), r.flags)
+        _check_env_keys(p, (role, "env"), r.env)
+    _check_flag_keys(p, ("vllm", "flags"), cfg.vllm.flags)
+    _check_env_keys(p, ("vllm", "env"), cfg.vllm.env)
+
+    if cfg.prefill.tp < cfg.decode.tp:
+        p.append(Problem(setting("prefill", "tp"),
+                         f"prefill tp {cfg.prefill.tp} < decode tp {cfg.decode.tp}; Mooncake requires prefill tp >= decode tp",
+                         "raise ascend-pd:prefill.tp or lower ascend-pd:decode.tp"))
+    direct_top = MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * cfg.npus
+    zmq_last = cfg.prefill.kv_port + cfg.prefill.dp * cfg.prefill.tp - 1
+    if cfg.prefill.kv_port < direct_top and zmq_last >= MOONCAKE_DIRECT_BASE:
+        p.append(Problem(setting("prefill", "kvPort"),
+                         f"prefill side-channel ports {cfg.prefill.kv_port}-{zmq_last} overlap Mooncake's "
+                         f"AscendDirect range {MOONCAKE_DIRECT_BASE}-{direct_top - 1} on {cfg.npus}-NPU nodes "
+                         "(random 'ZMQError: Address already in use' at startup)",
+                         f"use a kvPort >= {direct_top}"))
+    if zmq_last > 65535:
+        p.append(Problem(setting("prefill", "kvPort"), f"side-channel ports run past 65535 (to {zmq_last})",
+                         "lower ascend-pd:prefill.kvPort"))
+    if cfg.prefill.kv_port == cfg.decode.kv_port:
+        p.append(Problem(setting("decode", "kvPort"),
+                         f"prefill and decode both use kv_port {cfg.decode.kv_port}",
+                         "give decode its own kvPort"))
+
+    y = cfg.yuanrong
+    if y.node_dead_timeout_s <= y.node_timeout_s:
+        p.append(Problem(setting("yuanrong", "nodeDeadTimeoutS"),
+                         f"{y.node_dead_timeout_s} must exceed nodeTimeoutS {y.node_timeout_s}",
+                         f"set it above {y.node_timeout_s} (the seeds use 2x)"))
+    if y.huge_tlb:
+        have = cfg.hugepages.gib * 1024 if cfg.hugepages else 0
+        if have < y.shared_memory_mb:
+            p.append(Problem(setting("yuanrong", "hugeTlb"),
+                             f"huge TLB needs huge pages >= sharedMemoryMb {y.shared_memory_mb} MiB, "
+                             f"but ascend-pd:hugepages gives {have} MiB",
+                             f"set ascend-pd:hugepages.gib to at least {-(-y.shared_memory_mb // 1024)} or turn hugeTlb off"))
+    if _mib(cfg.container.shm_size) < y.shared_memory_mb:
+        p.append(Problem(setting("container", "shmSize"),
+                         f"{cfg.container.shm_size} is smaller than the worker's sharedMemoryMb {y.shared_memory_mb} MiB",
+                         f"set shmSize to at least {-(-y.shared_memory_mb // 1024)}g"))
+    for j, dev in enumerate(y.rh2d_device_ids):
+        if not 0 <= dev < cfg.npus:
+            p.append(Problem(setting("yuanrong", "rh2dDeviceIds", j), f"device {dev} does not exist",
+                             f"use ids 0..{cfg.npus - 1}"))
+    for key in cfg.proxy.flags:
+        if key not in PROXY_FLAGS:
+            fix = ("it is derived from the rank layout" if key.startswith(("prefiller", "decoder"))
+                   or key in ("host", "port") else f"use one of {list(PROXY_FLAGS)}")
+            p.append(Problem(setting("proxy", "flags", key), "not a tunable proxy flag", fix))
+    for key, where in ((cfg.etcd.node, ("etcd", "node")), (cfg.proxy.node, ("proxy", "node"))):
+        if key not in names:
+            p.append(Problem(setting(*where), f"unknown node {key!r}", f"use one of {names}"))
+    for key in cfg.ssh.host_keys:
+        if key not in names:
+            p.append(Problem(setting("ssh", "hostKeys", key), "unknown node", f"use one of {names}"))
+    if not p:
+        p.extend(_port_collisions(cfg))
+    return p
+
+
+def _port_collisions(cfg: StackConfig) -> list[Problem]:
+    """Every fixed TCP port per node, checked together (and against Mooncake's random range)."""
+    used: dict[str, dict[int, str]] = {n.name: {} for n in cfg.nodes}
+    problems: list[Problem] = []
+
+    def claim(node: str, port: int, owner: str, where: str) -> None:
+        other = used[node].get(port)
+        if other is not None and other != owner:
+            problems.append(Problem(where, f"port {port} on node {node} is also used by {other}",
+                                    "give the two services different ports"))
+        used[node][port] = owner
+
+    for n in cfg.nodes:
+        claim(n.name, cfg.yuanrong.port, "the openYuanrong worker", setting("yuanrong", "port"))
+    claim(cfg.etcd.node, cfg.etcd.client_port, "etcd client", setting("etcd", "clientPort"))
+    claim(cfg.etcd.node, cfg.etcd.peer_port, "etcd peer", setting("etcd", "peerPort"))
+    claim(cfg.proxy.node, cfg.proxy.port, "the PD proxy", setting("proxy", "port"))
+    for role in ROLES:
+        r: Role = getattr(cfg, role)
+        local = r.dp // r.nodes_per_instance
+        for k in range(0, len(r.nodes), r.nodes_per_instance):
+            group = r.nodes[k : k + r.nodes_per_instance]
+            claim(group[0], r.rpc_port, f"{role} DP RPC", setting(role, "rpcPort"))
+            for pos, node in enumerate(group):
+                for i in range(local):
+                    claim(node, r.port_base + i, f"{role} rank port", setting(role, "portBase"))
+                    if role == "prefill":
+                        rank = pos * local + i
+                        for t in range(r.tp):
+                            claim(node, r.kv_port + rank * r.tp + t, "prefill Mooncake side channel",
+                                  setting(role, "kvPort"))
+    direct = range(MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * cfg.npus)
+    rank_nodes = set(cfg.prefill.nodes) | set(cfg.decode.nodes)
+    for node in sorted(rank_nodes):
+        for port, owner in sorted(used[node].items()):
+            if port in direct and owner != "prefill Mooncake side channel":
+                problems.append(Problem(f"{owner} port {port}",
+                                        f"on node {node} it lies in Mooncake's AscendDirect range "
+                                        f"{direct.start}-{direct.stop - 1}",
+                                        f"move it below {direct.start} or above {direct.stop - 1}"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivation
+
+
+def _flag_args(flags: dict) -> list[str]:
+    out: list[str] = []
+    for key, value in flags.items():
+        if value is None or value is False:
+            continue  # null/false drop a flag (e.g. a role removing a common one)
+        if value is True:
+            out.append(f"--{key}")
+        elif isinstance(value, (dict, list)):
+            out += [f"--{key}", json.dumps(value, separators=(", ", ": "))]
+        else:
+            out += [f"--{key}", str(value)]
+    return out
+
+
+def kv_transfer_config(cfg: StackConfig, role: str, instance: int, dp_rank: int) -> dict:
+    """MultiConnector of [Mooncake, AscendStoreConnector(yuanrong)], per DESIGN.md."""
+    r: Role = getattr(cfg, role)
+    kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+    mooncake: dict = {"kv_connector": r.connector, "kv_role": kv_role, "kv_port": str(r.kv_port)}
+    if r.connector_module_path:
+        mooncake["kv_connector_module_path"] = r.connector_module_path
+    mooncake["kv_connector_extra_config"] = {
+        "use_ascend_direct": True,
+        # Per-instance sizes: what one prefill instance hands to one decode instance.
+        "prefill": {"dp_size": cfg.prefill.dp, "tp_size": cfg.prefill.tp},
+        "decode": {"dp_size": cfg.decode.dp, "tp_size": cfg.decode.tp},
+    }
+    store = {
+        "kv_connector": "AscendStoreConnector",
+        "kv_role": kv_role,
+        "kv_connector_extra_config": {
+            # Names an IPC socket together with the DP rank: prefill and decode must differ on a host.
+            "lookup_rpc_port": "0" if role == "prefill" else str(dp_rank),
+            "backend": "yuanrong",
+        },
+    }
+    parent: dict = {"kv_connector": "MultiConnector", "kv_role": kv_role}
+    if role == "prefill":
+        # Unique per prefill instance (the A2 seed gives all four "0"); never inside a child.
+        parent["engine_id"] = str(instance)
+    parent["kv_connector_extra_config"] = {"connectors": [mooncake, store]}
+    return parent
+
+
+def _rank_env(cfg: StackConfig, role: str, node, devices: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
+    r: Role = getattr(cfg, role)
+    env: dict[str, str] = {}
+    for k, v in {**cfg.vllm.env, **r.env}.items():
+        env[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    env.update({
+        "HCCL_IF_IP": node.address,
+        "GLOO_SOCKET_IFNAME": node.nic,
+        "TP_SOCKET_IFNAME": node.nic,
+        "HCCL_SOCKET_IFNAME": node.nic,
+        "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in devices),
+        "DS_WORKER_ADDR": f"{node.address}:{cfg.yuanrong.port}",
+        "PYTHONHASHSEED": "0",
+    })
+    if cfg.yuanrong.rh2d_device_ids:
+        env["DS_ENABLE_REMOTE_H2D"] = "1"
+    return tuple(env.items())
+
+
+def _instances(cfg: StackConfig, role: str) -> tuple[Instance, ...]:
+    r: Role = getattr(cfg, role)
+    nodes = {n.name: n for n in cfg.nodes}
+    local = r.dp // r.nodes_per_instance
+    out = []
+    for idx, k in enumerate(range(0, len(r.nodes), r.nodes_per_instance)):
+        group = tuple(r.nodes[k : k + r.nodes_per_instance])
+        master = nodes[group[0]].address
+        ranks = []
+        for pos, node_name in enumerate(group):
+            node = nodes[node_name]
+            for i in range(local):
+                dp_rank = pos * local + i
+                devices = tuple(range(i * r.tp, (i + 1) * r.tp))
+                port = r.port_base + i
+                kvt = json.dumps(kv_transfer_config(cfg, role, idx, dp_rank))
+                flags = {**cfg.vllm.flags, **r.flags}
+                argv = (
+                    "vllm", "serve", cfg.model.path,
+                    "--host", node.address,
+                    "--port", str(port),
+                    "--data-parallel-size", str(r.dp),
+                    "--data-parallel-rank", str(dp_rank),
+                    "--data-parallel-address", master,
+                    "--data-parallel-rpc-port", str(r.rpc_port),
+                    "--tensor-parallel-size", str(r.tp),
+                    "--served-model-name", cfg.model.served_name,
+                    *_flag_args(flags),
+                    "--kv-transfer-config", kvt,
+                )
+                ranks.append(Rank(
+                    role=role, instance=idx, node=node_name, address=node.address, local_index=i,
+                    dp_rank=dp_rank, dp_size=r.dp, tp=r.tp, devices=devices, port=port,
+                    dp_address=master, rpc_port=r.rpc_port, argv=argv,
+                    env=_rank_env(cfg, role, node, devices), kv_transfer_config=kvt,
+                ))
+        out.append(Instance(role=role, index=idx, nodes=group, dp=r.dp, tp=r.tp,
+                            dp_address=master, ranks=tuple(ranks)))
+    return tuple(out)
+
+
+def _worker(cfg: StackConfig, node, etcd: EtcdPlan) -> WorkerPlan:
+    y = cfg.yuanrong
+    address = f"{node.address}:{y.port}"
+    argv: list[str] = ["dscli", "start", "-t", str(y.start_timeout_s)]
+    if y.interleave:
+        argv += ["--interleave", y.interleave]  # numactl option: before -w, or it goes to the worker
+    argv += [
+        "-w",
+        "--worker_address", address,
+        "--etcd_address", etcd.endpoint,
+        "--shared_memory_size_mb", str(y.shared_memory_mb),
+        "--node_timeout_s", str(y.node_timeout_s),
+        "--node_dead_timeout_s", str(y.node_dead_timeout_s),
+        "--liveness_check_path", y.liveness_path,
+    ]
+    if y.arena_per_tenant is not None:
+        argv += ["--arena_per_tenant", str(y.arena_per_tenant)]
+    if y.rh2d_device_ids:
+        argv += ["--remote_h2d_device_ids", ",".join(str(d) for d in y.rh2d_device_ids)]
+    if y.huge_tlb:
+        argv += ["--enable_huge_tlb", "true"]
+    for k, v in y.flags.items():
+        argv += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    return WorkerPlan(node=node.name, address=address, workdir=f"{cfg.state_dir}/yuanrong", argv=tuple(argv))
+
+
+def build_plan(cfg: StackConfig, stack: str) -> Plan:
+    problems = _validate(cfg)
+    if problems:
+        raise ConfigError(problems)
+    nodes = {n.name: n for n in cfg.nodes}
+    e = cfg.etcd
+    ea = nodes[e.node].address
+    etcd = EtcdPlan(
+        node=e.node, address=ea, client_port=e.client_port, peer_port=e.peer_port, data_dir=e.data_dir,
+        argv=(
+            e.binary,
+            "--name", "etcd-single",
+            "--data-dir", e.data_dir,
+            "--listen-client-urls", f"http://{ea}:{e.client_port}",
+            "--advertise-client-urls", f"http://{ea}:{e.client_port}",
+            "--listen-peer-urls", f"http://{ea}:{e.peer_port}",
+            "--initial-advertise-peer-urls", f"http://{ea}:{e.peer_port}",
+            "--initial-cluster", f"etcd-single=http://{ea}:{e.peer_port}",
+        ),
+    )
+    instances = _instances(cfg, "prefill") + _instances(cfg, "decode")
+    pre = tuple((r.address, r.port) for i in instances if i.role == "prefill" for r in i.ranks)
+    dec = tuple((r.address, r.port) for i in instances if i.role == "decode" for r in i.ranks)
+    pa = nodes[cfg.proxy.node].address
+    proxy_argv = (
+        cfg.proxy.python, cfg.proxy.script,
+        "--host", pa,
+        "--port", str(cfg.proxy.port),
+        "--prefiller-hosts", *[h for h, _ in pre],
+        "--prefiller-ports", *[str(p) for _, p in pre],
+        "--decoder-hosts", *[h for h, _ in dec],
+        "--decoder-ports", *[str(p) for _, p in dec],
+        *_flag_args(cfg.proxy.flags),
+    )
+    proxy = ProxyPlan(node=cfg.proxy.node, address=pa, port=cfg.proxy.port, argv=proxy_argv,
+                      prefillers=pre, decoders=dec)
+
+    roles: dict[str, list[str]] = {n.name: [] for n in cfg.nodes}
+    for role in ROLES:
+        for name in getattr(cfg, role).nodes:
+            roles[name].append(role)
+    roles[e.node].append("etcd")
+    roles[cfg.proxy.node].append("proxy")
+    node_plans = tuple(
+        NodePlan(name=n.name, address=n.address, nic=n.nic, npus=cfg.npus, roles=tuple(roles[n.name]))
+        for n in cfg.nodes
+    )
+    workers = tuple(_worker(cfg, n, etcd) for n in cfg.nodes)
+    return Plan(stack=stack, cfg=cfg, nodes=node_plans, instances=instances, etcd=etcd,
+                workers=workers, proxy=proxy)
+
+
+__all__ = [
+    "Plan", "NodePlan", "Rank", "Instance", "EtcdPlan", "WorkerPlan", "ProxyPlan", "build_plan",
+    "kv_transfer_config", "DERIVED_FLAGS", "DERIVED_ENV", "UNSET_ENV", "ROLES",
+]

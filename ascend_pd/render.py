@@ -1,0 +1,53 @@
+"""`python -m ascend_pd render`: the whole deployment of a stack, without a cluster or Pulumi."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .plan import Plan
+from .scripts import node_scripts
+
+
+def rank_table(plan: Plan) -> str:
+    head = ("role", "instance", "node", "address", "dp rank", "devices", "port")
+    rows = [head] + [
+        (r.role, f"{r.role}-{r.instance}", r.node, r.address, f"{r.dp_rank}/{r.dp_size}", r.visible_devices, str(r.port))
+        for r in plan.ranks
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def summary(plan: Plan) -> str:
+    pre, dec = plan.ranks_of("prefill"), plan.ranks_of("decode")
+    p = plan.proxy
+    lines = [
+        f"stack {plan.stack}: {len(plan.nodes)} nodes ({plan.cfg.hardware}, {plan.cfg.npus} NPUs each), "
+        f"{len(plan.ranks)} ranks ({len(pre)} prefill, {len(dec)} decode) in {len(plan.instances)} DP instances",
+        "",
+        rank_table(plan),
+        "",
+        f"proxy   {p.url}  on {p.node}",
+        "  prefillers: " + " ".join(f"{h}:{port}" for h, port in p.prefillers),
+        "  decoders:   " + " ".join(f"{h}:{port}" for h, port in p.decoders),
+        f"etcd    {plan.etcd.client_url}  on {plan.etcd.node}",
+        "workers " + " ".join(w.address for w in plan.workers),
+    ]
+    return "\n".join(lines)
+
+
+def write_scripts(plan: Plan, out: Path) -> list[Path]:
+    """Every node's scripts as <out>/<node>/<NN>-<name>.{create,delete}.sh, in start order."""
+    written = []
+    for node in plan.nodes:
+        d = out / node.name
+        d.mkdir(parents=True, exist_ok=True)
+        for stale in d.glob("*.sh"):
+            stale.unlink()
+        for n, script in enumerate(node_scripts(plan, node.name)):
+            for kind, text in (("create", script.create), ("delete", script.delete)):
+                path = d / f"{n:02d}-{script.name}.{kind}.sh"
+                path.write_text(text)
+                path.chmod(0o755)
+                written.append(path)
+    return written
