@@ -169,7 +169,7 @@ class Yuanrong(_Model):
     huge_tlb: bool = Field(False, description="--enable_huge_tlb; needs huge pages >= shared memory.")
     arena_per_tenant: Optional[int] = Field(None, ge=1)
     rh2d_device_ids: list[int] = Field(
-        default_factory=list, description="--remote_h2d_device_ids; non-empty enables RH2D (client too)."
+        default_factory=list, alias="rh2dDeviceIds", description="--remote_h2d_device_ids; non-empty enables RH2D (client too)."
     )
     interleave: Optional[str] = Field(None, description="numactl --interleave nodes, e.g. 0-7.")
     start_timeout_s: int = Field(600, ge=10, description="dscli start -t.")

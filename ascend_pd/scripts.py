@@ -514,7 +514,8 @@ try:
 except Exception as exc:
     sys.exit(f"smoke completion failed: {{exc}}")
 msg = answer["choices"][0]["message"]
-text = msg.get("content") or msg.get("reasoning_content") or ""
+# Reasoning models may answer only in `reasoning` (vLLM >= 0.17) or `reasoning_content` (older).
+text = msg.get("content") or msg.get("reasoning") or msg.get("reasoning_content") or ""
 if not text.strip():
     sys.exit(f"smoke completion returned no text: {{json.dumps(answer)[:500]}}")
 print(f"smoke completion ok in {{time.monotonic() - t0:.1f}}s: {{text.strip()[:60]!r}}")
