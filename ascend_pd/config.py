@@ -235,6 +235,29 @@ class StackConfig(_Model):
         return HARDWARE_NPUS[self.hardware]
 
 
+def step_name(step: Union[PipStep, PatchStep]) -> str:
+    """A preparation step's identity by content (not position), so inserting a step renames
+    nothing: `pip-transformers`, `patches-vllm-ascend`."""
+    if isinstance(step, PipStep):
+        first = next((a for a in step.pip if not a.startswith("-")), step.pip[0])
+        base = first.rsplit("/", 1)[-1]
+        # A wheel or sdist file name starts with the distribution name, then "-<version>".
+        word = base.split("-")[0] if base.endswith((".whl", ".tar.gz", ".zip")) else re.split(r"[=<>!~\[ @;]", base)[0]
+        return "pip-" + re.sub(r"[^a-z0-9-]+", "-", word.lower()).strip("-")
+    return "patches-" + re.sub(r"[^a-z0-9-]+", "-", step.repo.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")
+
+
+def docker_size_mib(size: str) -> int:
+    """docker's --shm-size text (`800g`, `512000m`, `65536k`, bare bytes) in MiB, rounded up so a
+    container never gets less than written."""
+    text = size.strip().lower()
+    per_unit = {"k": 1 / 1024, "m": 1, "g": 1024}
+    unit = text[-1] if text[-1:] in per_unit else ""
+    number = int(text[:-1] if unit else text)
+    mib = number * per_unit[unit] if unit else number / (1024 * 1024)
+    return int(mib) if mib == int(mib) else int(mib) + 1
+
+
 # Keys of the namespace that are not StackConfig fields: secrets read separately by __main__.
 SECRET_KEYS = ("sshPrivateKey",)
 

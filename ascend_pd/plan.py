@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Optional
 
-from .config import Role, StackConfig
+from .config import Role, StackConfig, docker_size_mib, step_name
 from .errors import ConfigError, Problem, setting
 
 ROLES = ("prefill", "decode")
@@ -82,6 +81,10 @@ class Rank:
     @property
     def name(self) -> str:
         return f"{self.role}-{self.instance}-r{self.dp_rank}"
+
+    @property
+    def instance_name(self) -> str:
+        return f"{self.role}-{self.instance}"
 
     @property
     def visible_devices(self) -> str:
@@ -175,13 +178,6 @@ class Plan:
 
 # ---------------------------------------------------------------------------------------------
 # Validation
-
-
-def _mib(docker_size: str) -> int:
-    units = {"k": 1 / 1024, "m": 1, "g": 1024}
-    unit = docker_size[-1] if docker_size[-1] in units else ""
-    number = int(docker_size[:-1] if unit else docker_size)
-    return int(number * units[unit]) if unit else number // (1024 * 1024)
 
 
 def _check_flag_keys(problems: list[Problem], where: tuple, flags: dict) -> None:
@@ -287,7 +283,7 @@ def _validate(cfg: StackConfig) -> list[Problem]:
                              f"huge TLB needs huge pages >= sharedMemoryMb {y.shared_memory_mb} MiB, "
                              f"but ascend-pd:hugepages gives {have} MiB",
                              f"set ascend-pd:hugepages.gib to at least {-(-y.shared_memory_mb // 1024)} or turn hugeTlb off"))
-    if _mib(cfg.container.shm_size) < y.shared_memory_mb:
+    if docker_size_mib(cfg.container.shm_size) < y.shared_memory_mb:
         p.append(Problem(setting("container", "shmSize"),
                          f"{cfg.container.shm_size} is smaller than the worker's sharedMemoryMb {y.shared_memory_mb} MiB",
                          f"set shmSize to at least {-(-y.shared_memory_mb // 1024)}g"))
@@ -303,6 +299,11 @@ def _validate(cfg: StackConfig) -> list[Problem]:
     for key, where in ((cfg.etcd.node, ("etcd", "node")), (cfg.proxy.node, ("proxy", "node"))):
         if key not in names:
             p.append(Problem(setting(*where), f"unknown node {key!r}", f"use one of {names}"))
+    step_names = [step_name(s) for s in cfg.container.prepare]
+    for j, name in enumerate(step_names):
+        if step_names.index(name) != j:
+            p.append(Problem(setting("container", "prepare", j), f"a second step named {name!r}",
+                             "merge it into the earlier step with the same package or repository"))
     for key in cfg.ssh.host_keys:
         if key not in names:
             p.append(Problem(setting("ssh", "hostKeys", key), "unknown node", f"use one of {names}"))

@@ -15,13 +15,17 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from .config import PatchStep, PipStep
+from .config import PatchStep, PipStep, step_name
 from .plan import UNSET_ENV, Instance, Plan
 
 HEREDOC = "ASCEND_PD_SCRIPT"
 LOG_TAIL = 50  # lines of a log shown when something fails
 PROGRESS_EVERY_S = 60  # a progress line while waiting, so long waits are visible but stdout stays small
 POLL_S = 5
+# Every probe of a service this program started talks to a node address directly. Container env
+# often carries http_proxy (ascend-pd:container.env, for pip): curl and urllib would send the probe
+# to that proxy, never see the service healthy, and stop it at the deadline.
+CURL = "curl --noproxy '*'"
 WORKER_KILL_GRACE_S = 15  # after dscli stop gave up: TERM, then KILL after this
 
 
@@ -224,7 +228,7 @@ echo "etcd {e.version} installed on {node}"
         if isinstance(step, PipStep):
             args = " ".join(q(a) for a in step.pip)
             steps.append(Script(
-                f"prepare-{n}-pip", node, "container",
+                step_name(step), node, "container",
                 _header(plan, node, f"prepare step {n}: pip install") + LIB + f"""
 pip install --no-input {args} > /tmp/ascend-pd-prepare-{n}.log 2>&1 \\
   || fail_with_log /tmp/ascend-pd-prepare-{n}.log "pip install {' '.join(step.pip)} failed"
@@ -244,7 +248,7 @@ fi""" for p in step.patches)
   git -C {q(step.repo)} apply --reverse {q(p)} && echo "reverted: {p}"
 fi""" for p in reversed(step.patches))
             steps.append(Script(
-                f"prepare-{n}-patches", node, "container",
+                step_name(step), node, "container",
                 _header(plan, node, f"prepare step {n}: patches for {step.repo}") + apply + "\n",
                 _header(plan, node, f"prepare step {n}: revert patches in {step.repo}") + revert + "\n",
             ))
@@ -261,7 +265,7 @@ def etcd(plan: Plan) -> Script:
     pidfile, log = f"{run}/etcd.pid", f"{logs}/etcd.log"
     start = _background((), e.argv, log, unset=())
     spec = _spec(start)
-    health = f"curl -fsS -m 3 {e.client_url}/health 2>/dev/null | grep -q '\"health\":\"true\"'"
+    health = f"{CURL} -fsS -m 3 {e.client_url}/health 2>/dev/null | grep -q '\"health\":\"true\"'"
     create = _header(plan, e.node, f"etcd {e.endpoint}") + LIB + f"""
 mkdir -p {q(run)} {q(logs)}
 if needs_start {q(pidfile)} {spec} 30; then
@@ -296,11 +300,14 @@ echo "etcd stopped, {e.data_dir} removed"
 
 
 WORKER_LIB = r"""
-worker_pids() {  # worker_pids ADDRESS: datasystem_worker processes serving ADDRESS
+worker_pids() {  # worker_pids ADDRESS: datasystem_worker processes serving exactly ADDRESS
   local d cmd
   for d in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null) || continue
-    case "$cmd" in *datasystem_worker*"$1"*) echo "${d#/proc/}" ;; esac
+    # 2>/dev/null first: a process that exits mid-scan must not print "No such file" noise.
+    cmd=$(tr '\0' ' ' 2>/dev/null < "$d/cmdline") || continue
+    # dscli passes --worker_address=ADDR; matching the whole flag keeps 10.0.0.1:18481 from
+    # matching 110.0.0.1:18481 and a shell whose own command line holds this script from matching.
+    case "$cmd" in *datasystem_worker\ *" --worker_address=$1 "*) echo "${d#/proc/}" ;; esac
   done
 }
 """
@@ -328,6 +335,9 @@ if [ -n "$(worker_pids {q(w.address)})" ]; then
   echo "worker {w.address}: running with older flags: restarting"
   timeout {y.stop_timeout_s} dscli stop --worker_address {q(w.address)} || true
   for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
+  # KILL is asynchronous: the new worker cannot bind {w.address} while the old one holds it.
+  deadline=$((SECONDS + {WORKER_KILL_GRACE_S}))
+  while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
 fi
 # dscli resolves ./datasystem (logs, rocksdb, uds) against the current directory: always the same one.
 cd {q(w.workdir)}
@@ -401,7 +411,7 @@ fi""")
         f"check_rank {r.name} http://{r.address}:{r.port}/health && healthy=$((healthy + 1))" for r in ranks
     )
     unhealthy_logs = "\n    ".join(
-        f"curl -fsS -o /dev/null -m 3 http://{r.address}:{r.port}/health 2>/dev/null || show_log {r.name}" for r in ranks
+        f"{CURL} -fsS -o /dev/null -m 3 http://{r.address}:{r.port}/health 2>/dev/null || show_log {r.name}" for r in ranks
     )
     stop_all = "\n".join(f"stop_pidfile {q(run + '/' + n + '.pid')} {grace}" for n in names)
     keep = "|".join(names)
@@ -428,7 +438,7 @@ check_rank() {{  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails 
     stop_local_ranks
     exit 1
   fi
-  curl -fsS -o /dev/null -m 3 "$2" 2>/dev/null
+  {CURL} -fsS -o /dev/null -m 3 "$2" 2>/dev/null
 }}
 
 {chr(10).join(blocks)}
@@ -487,13 +497,16 @@ if needs_start {q(pidfile)} {spec} 30; then
 fi
 # /healthcheck must report every planned instance: {n_pre} prefill, {n_dec} decode.
 deadline=$((SECONDS + {cfg.proxy.ready_timeout_s}))
-until curl -fsS -m 5 {p.url}/healthcheck 2>/dev/null | python3 -c '
+until {CURL} -fsS -m 5 {p.url}/healthcheck 2>/dev/null | python3 -c '
 import json, sys
-h = json.load(sys.stdin)
+try:
+    h = json.load(sys.stdin)
+except ValueError:
+    sys.exit(1)  # not listening yet: no body (quietly, this runs every 2 s)
 sys.exit(0 if (h.get("prefill_instances"), h.get("decode_instances")) == ({n_pre}, {n_dec}) else 1)'; do
   if ! alive "$(cat {q(pidfile)})"; then fail_with_log {q(log)} "the proxy exited before /healthcheck answered"; fi
   if [ "$SECONDS" -ge "$deadline" ]; then
-    echo "last /healthcheck: $(curl -sS -m 5 {p.url}/healthcheck 2>&1 || true)" >&2
+    echo "last /healthcheck: $({CURL} -sS -m 5 {p.url}/healthcheck 2>&1 || true)" >&2
     stop_pidfile {q(pidfile)} 10
     fail_with_log {q(log)} "proxy /healthcheck did not report {n_pre} prefill + {n_dec} decode instances within {cfg.proxy.ready_timeout_s}s"
   fi
@@ -508,8 +521,9 @@ body = {{"model": {cfg.model.served_name!r}, "messages": [{{"role": "user", "con
 req = urllib.request.Request({(p.url + '/v1/chat/completions')!r}, data=json.dumps(body).encode(),
                              headers={{"Content-Type": "application/json"}})
 t0 = time.monotonic()
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({{}}))  # never via http_proxy
 try:
-    with urllib.request.urlopen(req, timeout={cfg.proxy.smoke_timeout_s}) as resp:
+    with direct.open(req, timeout={cfg.proxy.smoke_timeout_s}) as resp:
         answer = json.load(resp)
 except Exception as exc:
     sys.exit(f"smoke completion failed: {{exc}}")

@@ -94,6 +94,9 @@ CASES = {
         lambda d: d["nodes"][0].update(address="node-a"), "ascend-pd:nodes[0].address", "IPv4"),
     "bad shm size": (
         lambda d: d["container"].update(shmSize="lots"), "ascend-pd:container.shmSize", "docker size"),
+    "two preparation steps with one identity": (
+        lambda d: d["container"]["prepare"].append({"pip": ["transformers==5.3.0"]}),
+        "ascend-pd:container.prepare[4]", "'pip-transformers'"),
     "command substitution in env": (
         lambda d: d["vllm"]["env"].update(X="$(id)"), "ascend-pd:vllm.env.X", "command substitution"),
 }

@@ -1,0 +1,114 @@
+"""NpuContainer: the long-lived NPU container of one node (the seeds' start-docker.sh) and the
+preparation steps that run in it once (openYuanrong/etcd installs, pip pins, patches)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from ascend_pd.config import DEFAULT_DEVICES, DEFAULT_MOUNTS, Container, Ssh, docker_size_mib
+from ascend_pd.plan import NodePlan
+from ascend_pd.scripts import Script
+
+from .transport import container_command
+from .values import DOCKER_SSH_OPTS, container_envs, docker_host, volume_specs
+
+# Container options of the seeds' `docker run` that are not per-cluster settings.
+WORKING_DIR = "/home"  # -w /home
+ENTRYPOINT = ["bash"]  # --entrypoint=bash with -it: an idle shell keeps the container up
+
+
+class NpuContainer(pulumi.ComponentResource):
+    """Docker over SSH to one node: the image (kept on destroy), the container, then the
+    preparation steps in order, each after the previous one.
+
+    pulumi-docker reaches the daemon through the LOCAL `ssh` binary (`docker -H ssh://...`): it
+    authenticates with ssh-agent or ~/.ssh/config and checks ~/.ssh/known_hosts. The secret
+    `ascend-pd:sshPrivateKey` is deliberately not handed to it (provider inputs are stored in
+    plain text), so load the same key into ssh-agent before `pulumi up`.
+    """
+
+    connection: remote.ConnectionArgs
+    container_name: str
+    provider: docker.Provider
+    image: docker.RemoteImage
+    container: docker.Container
+    steps: list[remote.Command]
+    ready: pulumi.Resource  # the last preparation step (or the container when there is none)
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        node: NodePlan,
+        container: Container,
+        ssh: Ssh,
+        conn: remote.ConnectionArgs,
+        prepare: Sequence[Script],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ) -> None:
+        super().__init__("ascend-pd:index:NpuContainer", name, None, opts)
+        self.connection = conn
+        self.container_name = container.name
+
+        self.provider = docker.Provider(
+            f"{node.name}-docker",
+            host=docker_host(ssh.user, node.address, ssh.port),
+            ssh_opts=list(DOCKER_SSH_OPTS),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        on_node = pulumi.ResourceOptions(parent=self, provider=self.provider)
+        self.image = docker.RemoteImage(
+            f"{node.name}-image",
+            name=container.image,
+            keep_locally=True,  # destroy must not delete a 20 GB image other containers may use
+            opts=on_node,
+        )
+        self.container = docker.Container(
+            f"{node.name}-container",
+            name=container.name,
+            image=self.image.image_id,
+            network_mode="host",
+            privileged=True,
+            shm_size=docker_size_mib(container.shm_size),
+            devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d) for d in DEFAULT_DEVICES],
+            volumes=[
+                docker.ContainerVolumeArgs(host_path=v["host"], container_path=v["container"], read_only=v["read_only"])
+                for v in volume_specs(DEFAULT_MOUNTS, container.extra_mounts)
+            ],
+            working_dir=WORKING_DIR,
+            entrypoints=ENTRYPOINT,
+            tty=True,
+            stdin_open=True,
+            # tini as PID 1 reaps rank processes orphaned when their `docker exec` session ends.
+            init=True,
+            envs=container_envs(container.env),
+            must_run=True,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=self.provider,
+                # The name is fixed: a second container with it cannot exist next to the first.
+                delete_before_replace=True,
+            ),
+        )
+
+        self.steps = []
+        previous: pulumi.Resource = self.container
+        for script in prepare:
+            step = container_command(
+                f"{node.name}-{script.name}", npu=self, script=script, parent=self, depends_on=[previous]
+            )
+            self.steps.append(step)
+            previous = step
+        self.ready = previous
+
+        self.register_outputs({
+            "node": node.name,
+            "containerId": self.container.id,
+            "containerName": self.container.name,
+            "imageId": self.image.image_id,
+            "prepared": [s.stdout for s in self.steps],
+        })

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian/Ubuntu machine for ascend-pd: system tools the tests run for real, and ./venv.
+# Idempotent; needs root (or sudo) for apt-get. No cluster and no Pulumi CLI needed.
+set -euo pipefail
+cd "$(dirname "$0")"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+# etcd-server/etcd-client: a real etcd for the integration tests; shellcheck: lints every rendered
+# script; curl, procps, iproute2: used by the rendered scripts and the tests.
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 >/dev/null
+python3 -m venv venv
+venv/bin/pip install -q --upgrade pip
+venv/bin/pip install -q -r requirements-dev.txt
+echo "setup done: $(venv/bin/python --version), pulumi SDK $(venv/bin/python -c 'from importlib.metadata import version; print(version("pulumi"))' 2>/dev/null || echo '?')"

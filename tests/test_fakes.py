@@ -1,0 +1,391 @@
+"""Tests for the test fakes in tests/fakes (fake `vllm` CLI and fake P/D proxy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+VLLM = str(FAKES / "bin" / "vllm")
+PROXY = str(FAKES / "fake_proxy.py")
+
+# One Prometheus text-format (0.0.4) line: comment, or `name{labels} value`.
+HELP_RE = re.compile(r"^# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*$")
+TYPE_RE = re.compile(r"^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$")
+SAMPLE_RE = re.compile(
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r'\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\}'
+    r" ([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))$"
+)
+LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
+    """Strictly parse exposition text; every TYPE'd family's samples must follow it."""
+    samples: dict[tuple[str, frozenset], float] = {}
+    current_family = None
+    assert text.endswith("\n")
+    for line in text.rstrip("\n").split("\n"):
+        if line.startswith("# HELP"):
+            assert HELP_RE.match(line), line
+            continue
+        m = TYPE_RE.match(line)
+        if m:
+            current_family = m.group(1)
+            continue
+        assert not line.startswith("#"), line
+        m = SAMPLE_RE.match(line)
+        assert m, f"bad sample line: {line!r}"
+        name = m.group(1)
+        assert name == current_family, f"{name} outside its family {current_family}"
+        labels = frozenset(LABEL_RE.findall(m.group(2) or ""))
+        samples[(name, labels)] = float(m.group(3))
+    return samples
+
+
+def base_env(**extra) -> dict:
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("FAKE_VLLM_") or k.startswith("FAKE_PROXY_"):
+            del env[k]
+    env["ASCEND_RT_VISIBLE_DEVICES"] = "0"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_vllm(args, env=None, timeout=10):
+    return subprocess.run([VLLM, *args], env=env or base_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process exited {proc.returncode}: {out}\n{err}")
+        try:
+            requests.get(url, timeout=0.5)
+            return
+        except requests.ConnectionError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not come up")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class Servers:
+    """Starts processes and always stops them."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def vllm(self, *args, env=None, port=None):
+        port = port or free_port()
+        proc = subprocess.Popen(
+            [VLLM, "serve", "/models/fake-model", "--host", "127.0.0.1", "--port", str(port), *args],
+            env=env or base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.procs.append(proc)
+        wait_http(f"http://127.0.0.1:{port}/health", proc)
+        return port, proc
+
+    def proxy(self, *args, env=None):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, PROXY, "--host", "127.0.0.1", "--port", str(port), *args],
+            env=env or base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.procs.append(proc)
+        wait_http(f"http://127.0.0.1:{port}/healthcheck", proc)
+        return port, proc
+
+    def close(self):
+        for proc in self.procs:
+            stop(proc)
+
+
+@pytest.fixture
+def servers():
+    s = Servers()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+# ----------------------------------------------------------------------------- fake vllm: parsing
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
+        (["--port", "eighty"], "argument --port: invalid int value"),
+        (["--tensor-parallel-size=1.5"], "argument --tensor-parallel-size: invalid int value"),
+        (["--max-model-len"], "argument --max-model-len: expected one argument"),
+        (["--host", "--port", "1"], "argument --host: expected one argument"),
+        (["--gpu-memory-utilization", "lots"], "argument --gpu-memory-utilization: invalid float value"),
+        (["--enforce-eager=yes"], "argument --enforce-eager: ignored explicit argument"),
+        (["--tensor-parallel"], "unrecognized arguments: --tensor-parallel"),  # no abbreviations
+        (["extra-positional"], "unrecognized arguments: extra-positional"),
+        (["--kv-transfer-config", '{"kv_role": "kv_producer"}'], "kv_connector"),
+        (["--kv-transfer-config", '{"kv_connector": "M", "kv_role": "kv_sender"}'], "kv_role"),
+        (["--kv-transfer-config", '["kv_producer"]'], "--kv-transfer-config"),
+    ],
+)
+def test_vllm_rejects_bad_arguments(args, needle):
+    r = run_vllm(["serve", "/m", *args])
+    assert r.returncode == 2, r
+    assert needle in r.stderr
+    assert "vllm serve: error:" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--kv-transfer-config",
+        "--additional-config",
+        "--speculative-config",
+        "--compilation-config",
+        "--model-loader-extra-config",
+    ],
+)
+@pytest.mark.parametrize("form", ["separate", "inline"])
+def test_vllm_rejects_bad_json(flag, form):
+    bad = "{'single': quotes}"
+    args = [flag, bad] if form == "separate" else [f"{flag}={bad}"]
+    r = run_vllm(["serve", "/m", *args])
+    assert r.returncode == 2
+    assert f"argument {flag}: invalid JSON" in r.stderr
+
+
+def test_vllm_requires_model_and_serve():
+    r = run_vllm(["serve", "--port", "1"])
+    assert r.returncode == 2 and "model_tag" in r.stderr
+    r = run_vllm(["bench", "/m"])
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "devices, tp, needle",
+    [
+        (None, 1, "ASCEND_RT_VISIBLE_DEVICES is not set"),
+        ("0", 2, "needs exactly 2"),
+        ("0,1,2", 2, "needs exactly 2"),
+        ("0,0", 2, "more than once"),
+        ("0,x", 2, "not a comma-separated list of integers"),
+    ],
+)
+def test_vllm_device_count_checked(devices, tp, needle):
+    env = base_env()
+    env.pop("ASCEND_RT_VISIBLE_DEVICES")
+    if devices is not None:
+        env["ASCEND_RT_VISIBLE_DEVICES"] = devices
+    r = run_vllm(["serve", "/m", "--port", str(free_port()), "--tensor-parallel-size", str(tp)], env=env)
+    assert r.returncode == 1
+    assert needle in r.stderr
+
+
+def test_vllm_exit_at_start_hook():
+    r = run_vllm(
+        ["serve", "/m", "--data-parallel-size", "2", "--data-parallel-rank", "1", "--port", str(free_port())],
+        env=base_env(FAKE_VLLM_EXIT_AT_START=7),
+    )
+    assert r.returncode == 7
+    assert "Traceback" in r.stderr
+    assert "fake-vllm argv: vllm serve /m --data-parallel-size 2" in r.stdout
+
+
+# ----------------------------------------------------------------------------- fake vllm: HTTP
+
+
+def test_vllm_serves_openai_api_and_metrics(servers):
+    kv = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer"})
+    port, proc = servers.vllm(
+        "--served-model-name", "qwen", "--tensor_parallel_size", "2", "--data-parallel-size", "4",
+        "--data-parallel-rank=3", "--max-model-len", "4096", "--enforce-eager", "--no-enable-prefix-caching",
+        "--kv-transfer-config", kv, "--additional-config", '{"ascend_scheduler_config": {"enabled": true}}',
+        env=base_env(ASCEND_RT_VISIBLE_DEVICES="4,5"),
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    r = requests.get(f"{base}/health", timeout=5)
+    assert r.status_code == 200 and r.content == b""
+
+    models = requests.get(f"{base}/v1/models", timeout=5).json()
+    assert models["object"] == "list"
+    card = models["data"][0]
+    assert card["id"] == "qwen" and card["root"] == "/models/fake-model"
+    assert card["owned_by"] == "vllm" and card["max_model_len"] == 4096 and card["parent"] is None
+
+    r = requests.post(f"{base}/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]}, timeout=5)
+    assert r.status_code == 404
+    assert r.json()["error"] == {
+        "message": "The model `other` does not exist.", "type": "NotFoundError", "param": None, "code": 404,
+    }
+
+    msgs = [{"role": "user", "content": "a" * 34}]  # "user: " + 34 chars = 40 chars -> 10 tokens
+    r = requests.post(f"{base}/v1/chat/completions", json={"model": "qwen", "messages": msgs, "max_tokens": 5}, timeout=5)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": None}
+
+    r = requests.post(f"{base}/v1/completions", json={"model": "qwen", "prompt": "abcdefgh", "max_tokens": 2}, timeout=5)
+    assert r.json()["object"] == "text_completion" and r.json()["usage"]["prompt_tokens"] == 2
+
+    r = requests.get(f"{base}/metrics", timeout=5)
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    m = parse_metrics(r.text)
+    lab = frozenset({("engine", "3"), ("model_name", "qwen")})
+    assert m[("vllm:prompt_tokens_total", lab)] == 12
+    assert m[("vllm:generation_tokens_total", lab)] == 7
+    assert m[("vllm:prefix_cache_queries_total", lab)] == 0  # prefix caching disabled
+    assert m[("vllm:external_prefix_cache_queries_total", lab)] == 12
+    assert m[("vllm:request_success_total", lab | {("finished_reason", "length")})] == 2
+    assert m[("vllm:num_requests_running", lab)] == 0
+    assert "# TYPE vllm:prompt_tokens_total counter" in r.text
+    assert "# TYPE vllm:prompt_tokens_created gauge" in r.text
+
+    stop(proc)
+    assert proc.returncode == 0
+    out = proc.stdout.read()
+    assert "Starting vLLM API server" in out and "devices=4,5" in out and "dp_rank=3" in out
+
+
+def test_vllm_counters_env_and_set_endpoint(servers):
+    port, _ = servers.vllm(
+        "--block-size", "4",
+        env=base_env(FAKE_VLLM_COUNTERS=json.dumps({"vllm:prefix_cache_queries_total": 100, "vllm:prefix_cache_hits_total": 40})),
+    )
+    base = f"http://127.0.0.1:{port}"
+    lab = frozenset({("engine", "0"), ("model_name", "/models/fake-model")})
+    m = parse_metrics(requests.get(f"{base}/metrics", timeout=5).text)
+    assert m[("vllm:prefix_cache_queries_total", lab)] == 100
+    assert m[("vllm:prefix_cache_hits_total", lab)] == 40
+
+    values = {
+        "vllm:prefix_cache_queries_total": 1000,
+        "vllm:prefix_cache_hits_total": 250,
+        "vllm:external_prefix_cache_queries_total": 800,
+        "vllm:external_prefix_cache_hits_total": 600,
+        "vllm:request_success_total": 9,
+        'vllm:request_success_total{finished_reason="stop"}': 2,
+    }
+    r = requests.post(f"{base}/fake/counters", json=values, timeout=5)
+    assert r.status_code == 200
+    assert requests.post(f"{base}/fake/counters", json={"vllm:nope_total": 1}, timeout=5).status_code == 400
+    m = parse_metrics(requests.get(f"{base}/metrics", timeout=5).text)
+    assert m[("vllm:prefix_cache_queries_total", lab)] == 1000
+    assert m[("vllm:prefix_cache_hits_total", lab)] == 250
+    assert m[("vllm:external_prefix_cache_queries_total", lab)] == 800
+    assert m[("vllm:external_prefix_cache_hits_total", lab)] == 600
+    assert m[("vllm:request_success_total", lab | {("finished_reason", "length")})] == 9
+    assert m[("vllm:request_success_total", lab | {("finished_reason", "stop")})] == 2
+    assert ("vllm:prefix_cache_queries_created", lab) in m
+
+    # Prefix cache model: 17 tokens, block 4 -> (17-1)//4 = 4 full blocks; repeat hits all 4.
+    prompt = "x" * 68
+    for _ in range(2):
+        requests.post(f"{base}/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=5).raise_for_status()
+    m = parse_metrics(requests.get(f"{base}/metrics", timeout=5).text)
+    assert m[("vllm:prefix_cache_queries_total", lab)] == 1000 + 2 * 17
+    assert m[("vllm:prefix_cache_hits_total", lab)] == 250 + 16
+    assert m[("vllm:prompt_tokens_total", lab)] == 34
+
+
+# ----------------------------------------------------------------------------- fake proxy
+
+
+def test_proxy_rejects_unequal_lengths():
+    r = subprocess.run(
+        [sys.executable, PROXY, "--prefiller-hosts", "a", "b", "--prefiller-ports", "1"],
+        capture_output=True, text=True, timeout=10,
+    )
+    assert r.returncode == 1
+    assert "ValueError: Number of prefiller hosts must match number of prefiller ports" in r.stderr
+    r = subprocess.run(
+        [sys.executable, PROXY, "--decoder-hosts", "a", "--decoder-ports", "1", "2"],
+        capture_output=True, text=True, timeout=10,
+    )
+    assert r.returncode == 1 and "Number of decoder hosts must match number of decoder ports" in r.stderr
+    r = subprocess.run([sys.executable, PROXY, "--prefiller-ports", "x"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2
+
+
+def test_proxy_healthcheck_counts_and_override(servers):
+    args = ["--prefiller-hosts", "10.0.0.1", "10.0.0.2", "--prefiller-ports", "8100", "8100",
+            "--decoder-hosts", "10.0.0.3", "--decoder-ports", "8200"]
+    port, _ = servers.proxy(*args)
+    r = requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=5).json()
+    assert r == {"status": "ok", "prefill_instances": 2, "decode_instances": 1, "request_num": 0}
+
+    port, _ = servers.proxy(*args, env=base_env(FAKE_PROXY_REPORT_PREFILL=5, FAKE_PROXY_REPORT_DECODE=0))
+    r = requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=5).json()
+    assert r["prefill_instances"] == 5 and r["decode_instances"] == 0
+
+
+def test_proxy_routes_prefill_then_decode(servers):
+    prod = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer"})
+    cons = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer"})
+    p_port, _ = servers.vllm("--served-model-name", "m", "--kv-transfer-config", prod)
+    d_port, _ = servers.vllm("--served-model-name", "m", "--kv-transfer-config", cons, "--no-enable-prefix-caching")
+    port, _ = servers.proxy(
+        "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(p_port),
+        "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(d_port),
+    )
+    base = f"http://127.0.0.1:{port}"
+    msgs = [{"role": "user", "content": "b" * 74}]  # 80 chars -> 20 tokens
+    r = requests.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": msgs, "max_tokens": 7}, timeout=10)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    assert body["usage"]["completion_tokens"] == 7
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+    lab = frozenset({("engine", "0"), ("model_name", "m")})
+    pm = parse_metrics(requests.get(f"http://127.0.0.1:{p_port}/metrics", timeout=5).text)
+    dm = parse_metrics(requests.get(f"http://127.0.0.1:{d_port}/metrics", timeout=5).text)
+    assert pm[("vllm:generation_tokens_total", lab)] == 1  # prefill got max_tokens=1
+    assert pm[("vllm:prompt_tokens_total", lab)] == 20
+    assert dm[("vllm:generation_tokens_total", lab)] == 7
+    assert dm[("vllm:external_prefix_cache_hits_total", lab)] == 20  # remote prefill reached decoder
+
+    r = requests.post(f"{base}/v1/chat/completions", json={"model": "nope", "messages": msgs}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+
+    r = requests.post(
+        f"{base}/v1/completions",
+        json={"model": "m", "prompt": "hello", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
+        timeout=10, stream=True,
+    )
+    events = [ln for ln in r.iter_lines(decode_unicode=True) if ln]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][len("data: "):])["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert requests.get(f"{base}/v1/models", timeout=5).json()["data"][0]["id"] == "m"

@@ -1,0 +1,485 @@
+"""The resource graph under Pulumi's mocks, with each committed stack loaded as the CLI would.
+
+Every test runs the real `__main__.py` (see pulumi_harness.run_program) and asserts on what the
+engine would receive: resource inputs, parents, providers, dependencies and lifecycle options.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections import Counter
+
+import pulumi
+import pytest
+from pulumi.runtime.rpc import is_rpc_secret
+
+from pulumi_harness import (
+    COMMAND,
+    CONTAINER,
+    DOCKER_PROVIDER,
+    IMAGE,
+    PROJECT,
+    Run,
+    run_program,
+    stack_config,
+    stack_output,
+    unwrap,
+)
+
+from ascend_pd import scripts
+from ascend_pd.loader import load_stack
+from ascend_pd.plan import build_plan
+
+STACKS = ("a2-8node", "a3-4node")
+COMPONENT_TYPES = {
+    f"ascend-pd:index:{n}"
+    for n in ("NpuContainer", "HugepageHost", "EtcdSingle", "YuanrongWorker", "VllmDpGroup", "PdProxy")
+}
+FAKE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAAtestkeyZZZ9\n-----END OPENSSH PRIVATE KEY-----\n"
+
+_BASELINES: dict[str, Run] = {}
+
+
+def baseline(stack: str) -> Run:
+    """One unmodified run per stack, shared by the tests that only read it."""
+    if stack not in _BASELINES:
+        _BASELINES[stack] = run_program(stack_config(stack), stack=stack)
+    return _BASELINES[stack]
+
+
+def plan_of(stack: str):
+    return build_plan(load_stack(stack), stack)
+
+
+def with_object(stack: str, key: str, edit) -> dict[str, str]:
+    """The stack's CLI map with one structured setting edited (as `pulumi config set --path`)."""
+    raw = stack_config(stack)
+    value = json.loads(raw[f"{PROJECT}:{key}"])
+    edit(value)
+    raw[f"{PROJECT}:{key}"] = json.dumps(value)
+    return raw
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers over a run
+
+
+def components(run: Run, kind: str):
+    return run.of_type(f"ascend-pd:index:{kind}")
+
+
+def commands_under(run: Run, kind: str):
+    """Commands whose parent is a component of `kind`."""
+    parents = {c.urn for c in components(run, kind)}
+    return [r for r in run.of_type(COMMAND) if r.parent in parents]
+
+
+def launches(run: Run):
+    return commands_under(run, "VllmDpGroup")
+
+
+def node_of_address(plan):
+    return {n.address: n.name for n in plan.nodes}
+
+
+def command_node(plan, reg) -> str:
+    return node_of_address(plan)[unwrap(reg.inputs["connection"])["host"]]
+
+
+def dp_ranks(create: str) -> list[int]:
+    return [int(m) for m in re.findall(r"--data-parallel-rank (\d+) ", create)]
+
+
+# ---------------------------------------------------------------------------------------------
+# shape and counts
+
+
+@pytest.mark.parametrize(
+    "stack, nodes, ranks, groups",
+    [("a2-8node", 8, 40, {"prefill-0": 2, "prefill-1": 2, "prefill-2": 2, "prefill-3": 2, "decode-0": 32}),
+     ("a3-4node", 4, 4, {"prefill-0": 2, "decode-0": 2})],
+)
+def test_counts(stack, nodes, ranks, groups):
+    run = baseline(stack)
+    assert len(run.of_type(CONTAINER)) == nodes
+    assert len(run.of_type(IMAGE)) == nodes
+    assert len(run.of_type(DOCKER_PROVIDER)) == nodes
+    assert len(components(run, "NpuContainer")) == nodes
+    assert len(components(run, "YuanrongWorker")) == nodes
+    assert len(commands_under(run, "YuanrongWorker")) == nodes
+    assert len(components(run, "HugepageHost")) == nodes  # both stacks reserve huge pages
+    assert len(commands_under(run, "HugepageHost")) == nodes
+    assert len(components(run, "EtcdSingle")) == 1 and len(commands_under(run, "EtcdSingle")) == 1
+    assert len(components(run, "PdProxy")) == 1 and len(commands_under(run, "PdProxy")) == 1
+    assert {g.name for g in components(run, "VllmDpGroup")} == set(groups)
+
+    # Ranks as the launch scripts start them: per group, DP ranks 0..dp-1, each exactly once.
+    by_group: dict[str, list[int]] = {}
+    for reg in launches(run):
+        group = next(g.name for g in components(run, "VllmDpGroup") if g.urn == reg.parent)
+        by_group.setdefault(group, []).extend(dp_ranks(reg.inputs["create"]))
+    assert {g: sorted(r) for g, r in by_group.items()} == {g: list(range(n)) for g, n in groups.items()}
+    assert sum(len(r) for r in by_group.values()) == ranks
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_names_types_and_parents(stack):
+    run = baseline(stack)
+    names = [r.name for r in run.regs]
+    assert len(names) == len(set(names)), [n for n, c in Counter(names).items() if c > 1]
+    comps = [r for r in run.regs if not r.custom]
+    assert comps and {c.type for c in comps} <= COMPONENT_TYPES
+    component_urns = {c.urn for c in comps}
+    for reg in run.regs:
+        if reg.custom:  # every real resource lives inside a component (parent=self)
+            assert reg.parent in component_urns, reg.name
+        else:  # components sit directly under the stack
+            assert reg.parent.endswith(f"::pulumi:pulumi:Stack::{PROJECT}-{stack}"), reg.name
+    plan = plan_of(stack)
+    for n in plan.nodes:
+        for name in (f"{n.name}-container", f"{n.name}-worker", f"{n.name}-docker", f"{n.name}-image"):
+            run.named(name)
+    for inst in plan.instances:
+        for node in inst.nodes:
+            run.named(f"{inst.name}-{node}")
+    assert run.named("etcd").type == "ascend-pd:index:EtcdSingle"
+    assert run.named("proxy").type == "ascend-pd:index:PdProxy"
+
+
+# ---------------------------------------------------------------------------------------------
+# dependencies
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_per_node_start_order(stack):
+    run, plan = baseline(stack), plan_of(stack)
+    etcd = commands_under(run, "EtcdSingle")[0]
+    proxy = commands_under(run, "PdProxy")[0]
+    etcd_node = plan.etcd.node
+    assert run.waits_for(etcd, run.named(f"{etcd_node}-container"))
+    assert run.waits_for(etcd, run.named(f"{etcd_node}-install-etcd"))
+    for n in plan.nodes:
+        container = run.named(f"{n.name}-container")
+        worker = run.named(f"{n.name}-worker")
+        hugepages = run.named(f"{n.name}-nr-hugepages")
+        assert run.waits_for(container, run.named(f"{n.name}-image"))
+        for step in scripts.prepare(plan, n.name):
+            prepared = run.named(f"{n.name}-{step.name}")
+            assert run.waits_for(prepared, container)
+            assert run.waits_for(worker, prepared)
+        assert run.waits_for(worker, container)
+        assert run.waits_for(worker, etcd)
+        assert run.waits_for(worker, hugepages)
+        # The reverse never holds (no cycles, and huge pages do not wait for the container).
+        assert not run.waits_for(container, worker)
+        assert not run.waits_for(hugepages, container)
+        for inst in plan.instances:
+            if n.name in inst.nodes:
+                launch = run.named(f"{inst.name}-{n.name}")
+                assert run.waits_for(launch, worker)
+                assert run.waits_for(proxy, launch)
+                assert not run.waits_for(worker, launch)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_preparation_steps_run_in_order(stack):
+    run, plan = baseline(stack), plan_of(stack)
+    for n in plan.nodes:
+        steps = [run.named(f"{n.name}-{s.name}") for s in scripts.prepare(plan, n.name)]
+        assert steps, n.name
+        previous = run.named(f"{n.name}-container")
+        for step in steps:
+            assert previous.urn in step.dependencies, (step.name, previous.name)  # directly
+            previous = step
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_groups_start_in_parallel(stack):
+    run, plan = baseline(stack), plan_of(stack)
+    group_of = {}
+    for g in components(run, "VllmDpGroup"):
+        for reg in run.children(g, COMMAND):
+            group_of[reg.urn] = g.name
+    assert len(group_of) == sum(len(i.nodes) for i in plan.instances)
+    workers = {run.named(f"{n.name}-worker").urn: n.name for n in plan.nodes}
+    for reg in launches(run):
+        ancestors = run.ancestors(reg)
+        waited_groups = {group_of[u] for u in ancestors if u in group_of}
+        assert waited_groups == set(), f"{reg.name} waits for {waited_groups}"
+        # Only its own node's worker: a slow node holds back nothing but its own ranks.
+        assert {workers[u] for u in ancestors if u in workers} == {command_node(plan, reg)}
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs and lifecycle
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_commands_delete_and_replacement(stack):
+    run, plan = baseline(stack), plan_of(stack)
+    container_ids = {n.name: f"{n.name}-container-id" for n in plan.nodes}
+    host_commands = {r.urn for r in commands_under(run, "HugepageHost")}
+    for reg in run.of_type(COMMAND):
+        assert reg.inputs.get("delete", "").strip(), f"{reg.name} has no delete"
+        assert reg.delete_before_replace, reg.name
+        if reg.urn in host_commands:
+            assert "triggers" not in reg.inputs and "docker exec" not in reg.inputs["create"]
+            continue
+        # Same node as its container; re-run (replaced) whenever that container is replaced.
+        assert reg.inputs["triggers"] == [container_ids[command_node(plan, reg)]], reg.name
+        assert "triggers[*]" in reg.replace_on_changes
+        assert reg.inputs["delete"].startswith("if docker inspect --type container "), reg.name
+        assert f"docker exec -i {plan.cfg.container.name} bash -s" in reg.inputs["create"]
+    for reg in run.of_type(CONTAINER):
+        assert reg.delete_before_replace, reg.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_scripts_pass_through_unchanged(stack):
+    """Components wrap the plan's text in transport; they never edit it."""
+    run, plan = baseline(stack), plan_of(stack)
+    name = plan.cfg.container.name
+    expected = {}
+    for n in plan.nodes:
+        expected[f"{n.name}-nr-hugepages"] = scripts.hugepages(plan, n.name)
+        expected[f"{n.name}-worker"] = scripts.worker(plan, n.name)
+        for s in scripts.prepare(plan, n.name):
+            expected[f"{n.name}-{s.name}"] = s
+    expected[f"{plan.etcd.node}-etcd"] = scripts.etcd(plan)
+    expected[f"{plan.proxy.node}-proxy"] = scripts.proxy(plan)
+    for inst in plan.instances:
+        for node in inst.nodes:
+            expected[f"{inst.name}-{node}"] = scripts.launch(plan, inst, node)
+    assert {r.name for r in run.of_type(COMMAND)} == set(expected)
+    for res_name, script in expected.items():
+        reg = run.named(res_name)
+        assert command_node(plan, reg) == script.node, res_name
+        if script.where == "host":
+            assert reg.inputs["create"] == scripts.on_host(script.create)
+            assert reg.inputs["delete"] == scripts.on_host(script.delete)
+        else:
+            assert reg.inputs["create"] == scripts.in_container(name, script.create)
+            assert reg.inputs["delete"] == scripts.in_container(name, script.delete, missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    "stack, shm_mb, address", [("a2-8node", 800 * 1024, "192.0.2.10"), ("a3-4node", 500 * 1024, "192.0.2.30")]
+)
+def test_container_inputs(stack, shm_mb, address):
+    run, plan = baseline(stack), plan_of(stack)
+    cfg = plan.cfg
+    for n in plan.nodes:
+        provider = run.named(f"{n.name}-docker")
+        assert provider.inputs["host"] == f"ssh://root@{n.address}:22"
+        assert FAKE_KEY not in json.dumps(provider.inputs)
+        image = run.named(f"{n.name}-image")
+        assert image.inputs["name"] == cfg.container.image and image.inputs["keepLocally"] is True
+        c = run.named(f"{n.name}-container")
+        # Each node's resources go to that node's daemon.
+        assert c.provider.startswith(provider.urn + "::") and image.provider.startswith(provider.urn + "::")
+        i = c.inputs
+        assert i["name"] == cfg.container.name
+        assert i["image"] == f"sha256:{n.name}-image"
+        assert i["shmSize"] == shm_mb
+        assert (i["networkMode"], i["privileged"], i["init"], i["tty"], i["stdinOpen"], i["mustRun"]) == (
+            "host", True, True, True, True, True)
+        assert i["workingDir"] == "/home" and i["entrypoints"] == ["bash"]
+        assert {d["hostPath"] for d in i["devices"]} == {"/dev/davinci_manager", "/dev/hisi_hdc", "/dev/devmm_svm"}
+        mounts = {(v["hostPath"], v["containerPath"]) for v in i["volumes"]}
+        assert ("/home", "/home") in mounts and ("/usr/share/zoneinfo/Asia/Shanghai", "/etc/localtime") in mounts
+    assert plan.node(plan.etcd.node).address == address
+
+
+def test_container_extra_mounts_env_and_ssh_settings():
+    def edit_container(c):
+        c["extraMounts"] = [{"host": "/models", "container": "/models", "readOnly": True}]
+        c["env"] = {"https_proxy": "http://proxy.example:3128", "A": "1"}
+
+    raw = with_object("a3-4node", "container", edit_container)
+    raw[f"{PROJECT}:ssh"] = json.dumps({"user": "ops", "port": 2222, "hostKeys": {"p1": "ssh-ed25519 AAAAC3pinned"}})
+    run, plan = run_program(raw, stack="a3-4node"), plan_of("a3-4node")
+    for n in plan.nodes:
+        assert run.named(f"{n.name}-docker").inputs["host"] == f"ssh://ops@{n.address}:2222"
+        c = run.named(f"{n.name}-container").inputs
+        assert {"hostPath": "/models", "containerPath": "/models", "readOnly": True} in c["volumes"]
+        assert c["envs"] == ["A=1", "https_proxy=http://proxy.example:3128"]
+    for reg in run.of_type(COMMAND):
+        conn = unwrap(reg.inputs["connection"])
+        assert (conn["user"], conn["port"]) == ("ops", 2222)
+        assert "privateKey" not in conn  # no key configured: ssh-agent
+        node = command_node(plan, reg)
+        assert conn.get("hostKey") == ("ssh-ed25519 AAAAC3pinned" if node == "p1" else None), reg.name
+
+
+def test_without_hugepages_workers_do_not_wait_for_them():
+    def no_huge_tlb(y):
+        y["hugeTlb"] = False
+
+    raw = with_object("a2-8node", "yuanrong", no_huge_tlb)
+    del raw[f"{PROJECT}:hugepages"]
+    run = run_program(raw, stack="a2-8node")
+    assert components(run, "HugepageHost") == []
+    assert not any("hugepages" in r.name for r in run.regs)
+    assert len(commands_under(run, "YuanrongWorker")) == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# blast radius: a setting touches only what it should
+
+
+def _changed(base: Run, other: Run) -> set[str]:
+    before = {r.name: r.inputs for r in base.regs}
+    after = {r.name: r.inputs for r in other.regs}
+    assert set(before) == set(after)
+    return {name for name in before if before[name] != after[name]}
+
+
+def _edit_flags(key, value):
+    def edit(obj):
+        obj["flags"][key] = value
+    return edit
+
+
+@pytest.mark.parametrize(
+    "key, edit, touched",
+    [
+        ("decode", _edit_flags("max-num-seqs", 24),
+         {"decode-0-d0", "decode-0-d1", "decode-0-d2", "decode-0-d3"}),
+        ("prefill", _edit_flags("max-num-batched-tokens", 4096),
+         {"prefill-0-p0", "prefill-1-p1", "prefill-2-p2", "prefill-3-p3"}),
+        ("model", lambda m: m.update(path="/data/other-weights"),
+         {"prefill-0-p0", "prefill-1-p1", "prefill-2-p2", "prefill-3-p3",
+          "decode-0-d0", "decode-0-d1", "decode-0-d2", "decode-0-d3"}),
+    ],
+    ids=["decode-flag", "prefill-flag", "model-path"],
+)
+def test_blast_radius(key, edit, touched):
+    base = baseline("a2-8node")
+    other = run_program(with_object("a2-8node", key, edit), stack="a2-8node")
+    assert _changed(base, other) == touched
+    for name in touched:
+        assert set(base.named(name).inputs) == set(other.named(name).inputs)
+        assert base.named(name).inputs["create"] != other.named(name).inputs["create"]
+        # Only the script changed: same node, same container trigger, same delete.
+        assert base.named(name).inputs["triggers"] == other.named(name).inputs["triggers"]
+
+
+def test_image_change_touches_only_the_images():
+    base = baseline("a3-4node")
+    other = run_program(with_object("a3-4node", "container", lambda c: c.update(image="quay.io/ascend/vllm-ascend:v0.19.0-a3")),
+                        stack="a3-4node")
+    assert _changed(base, other) == {"p0-image", "p1-image", "d0-image", "d1-image"}
+
+
+# ---------------------------------------------------------------------------------------------
+# secrets
+
+
+def _plain_strings(value, path="$"):
+    """(path, string) of every string NOT inside a secret-wrapped value."""
+    if is_rpc_secret(value):
+        return
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _plain_strings(v, f"{path}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _plain_strings(v, f"{path}[{i}]")
+
+
+def test_private_key_stays_secret():
+    raw = stack_config("a2-8node")
+    raw[f"{PROJECT}:sshPrivateKey"] = FAKE_KEY
+    run = run_program(raw, stack="a2-8node", secret_keys=[f"{PROJECT}:sshPrivateKey"])
+    needle = "testkeyZZZ9"
+    for reg in run.regs:
+        leaks = [p for p, s in _plain_strings(reg.inputs) if needle in s]
+        assert not leaks, f"{reg.name}: private key in plain input {leaks}"
+    # pulumi-docker gets no key at all, not even as a secret: it uses the local ssh and its agent.
+    for reg in run.of_type(DOCKER_PROVIDER):
+        assert needle not in json.dumps(reg.inputs), reg.name
+    # ... and it is really used: every SSH connection carries it, wrapped as a secret.
+    cmds = run.of_type(COMMAND)
+    assert len(cmds) == 35
+    for reg in cmds:
+        assert is_rpc_secret(reg.inputs["connection"])
+        assert unwrap(reg.inputs["connection"])["privateKey"] == FAKE_KEY
+    stack = pulumi.runtime.get_root_resource()
+    for name in stack.outputs:
+        assert needle not in json.dumps(stack_output(name)), name
+
+
+# ---------------------------------------------------------------------------------------------
+# invalid configuration: refused before any resource exists
+
+
+@pytest.mark.parametrize(
+    "mutate, setting",
+    [
+        (lambda raw: raw.update({f"{PROJECT}:prefill": json.dumps(
+            {**json.loads(raw[f"{PROJECT}:prefill"]), "tp": 3, "dp": 4})}), "ascend-pd:prefill.tp"),
+        (lambda raw: raw.update({f"{PROJECT}:prefil": json.dumps({"tp": 4})}), "ascend-pd:prefil"),
+        (lambda raw: raw.update({f"{PROJECT}:decode": json.dumps(
+            {**json.loads(raw[f"{PROJECT}:decode"]), "maxNumSeqs": 30})}), "ascend-pd:decode.maxNumSeqs"),
+        (lambda raw: raw.update({f"{PROJECT}:decode": json.dumps(
+            {**json.loads(raw[f"{PROJECT}:decode"]), "flags": {"port": 9000}})}), "ascend-pd:decode.flags.port"),
+    ],
+    ids=["tp-exceeds-npus", "unknown-key", "unknown-nested-key", "derived-flag"],
+)
+def test_invalid_config_registers_nothing(mutate, setting):
+    raw = stack_config("a2-8node")
+    mutate(raw)
+    run = run_program(raw, stack="a2-8node", expect_error=True)
+    assert isinstance(run.error, pulumi.RunError), repr(run.error)
+    assert setting in str(run.error), str(run.error)
+    assert run.regs == []
+
+
+# ---------------------------------------------------------------------------------------------
+# stack outputs
+
+
+@pytest.mark.parametrize(
+    "stack, url, model, etcd, n_ranks",
+    [("a2-8node", "http://192.0.2.10:18020", "deepseek_v4", "192.0.2.10:2379", 40),
+     ("a3-4node", "http://192.0.2.30:8088", "glm-5.1", "192.0.2.30:2379", 4)],
+)
+def test_stack_outputs(stack, url, model, etcd, n_ranks):
+    run = run_program(stack_config(stack), stack=stack)
+    assert stack_output("proxyUrl") == url
+    assert stack_output("servedModel") == model
+    assert stack_output("etcdEndpoint") == etcd
+    ranks = stack_output("ranks")
+    assert len(ranks) == n_ranks
+    assert set(ranks[0]) == {"role", "instance", "node", "address", "dpRank", "port", "devices"}
+    for row in ranks:  # every advertised rank is one the launch script of its node really starts
+        create = run.named(f"{row['instance']}-{row['node']}").inputs["create"]
+        assert f"--data-parallel-rank {row['dpRank']} " in create
+        assert f"--host {row['address']} " in create and f"--port {row['port']} " in create
+        assert f'ASCEND_RT_VISIBLE_DEVICES="{",".join(map(str, row["devices"]))}"' in create
+    assert len({(r["address"], r["port"]) for r in ranks}) == n_ranks
+    smoke = shlex.split(stack_output("smokeTest"))
+    assert smoke[0] == "curl" and f"{url}/v1/chat/completions" in smoke
+    assert json.loads(smoke[smoke.index("-d") + 1])["model"] == model
+
+
+def test_config_from_pulumi_config_env(monkeypatch):
+    """The CLI's other channel: the whole map in PULUMI_CONFIG; the result is the same graph."""
+    base = baseline("a3-4node")
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps(stack_config("a3-4node")))
+    run = run_program({}, stack="a3-4node")
+    assert _changed(base, run) == set() and len(run.regs) == len(base.regs)
+
+
+@pytest.mark.parametrize(
+    "size, mib",
+    [("800g", 819200), ("512000m", 512000), ("65536k", 64), ("1500k", 2), ("1048576", 1), ("3145729", 4)],
+)
+def test_shm_size_mb(size, mib):
+    from ascend_pd.config import docker_size_mib as shm_size_mb
+
+    assert shm_size_mb(size) == mib
