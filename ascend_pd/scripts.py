@@ -26,6 +26,13 @@ POLL_S = 5
 # often carries http_proxy (ascend-pd:container.env, for pip): curl and urllib would send the probe
 # to that proxy, never see the service healthy, and stop it at the deadline.
 CURL = "curl --noproxy '*'"
+# The services this program starts talk to each other directly (rank to rank, proxy to rank, worker
+# to etcd over gRPC), so they start without any proxy variable, in every spelling a client honours:
+# curl reads lower case and HTTPS_PROXY, Python's urllib/requests/httpx both cases and ALL_PROXY,
+# gRPC (the openYuanrong worker's etcd client) grpc_proxy/https_proxy/http_proxy.
+PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "grpc_proxy",
+              "HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "ALL_PROXY")
+SERVICE_UNSET = tuple(dict.fromkeys((*UNSET_ENV, *PROXY_VARS)))
 WORKER_KILL_GRACE_S = 15  # after dscli stop gave up: TERM, then KILL after this
 
 
@@ -117,7 +124,7 @@ def _dirs(plan: Plan) -> tuple[str, str]:
     return f"{s}/run", f"{s}/logs"
 
 
-def _background(env: tuple[tuple[str, str], ...], argv: tuple[str, ...], log: str, unset=UNSET_ENV) -> str:
+def _background(env: tuple[tuple[str, str], ...], argv: tuple[str, ...], log: str, unset=SERVICE_UNSET) -> str:
     """`setsid nohup env ... CMD > LOG &`: its own session and process group, so it outlives the
     `docker exec` that started it and can be stopped as a group; stdin/stdout detached, or the
     exec would wait on them."""
@@ -305,9 +312,10 @@ worker_pids() {  # worker_pids ADDRESS: datasystem_worker processes serving exac
   for d in /proc/[0-9]*; do
     # 2>/dev/null first: a process that exits mid-scan must not print "No such file" noise.
     cmd=$(tr '\0' ' ' 2>/dev/null < "$d/cmdline") || continue
-    # dscli passes --worker_address=ADDR; matching the whole flag keeps 10.0.0.1:18481 from
-    # matching 110.0.0.1:18481 and a shell whose own command line holds this script from matching.
-    case "$cmd" in *datasystem_worker\ *" --worker_address=$1 "*) echo "${d#/proc/}" ;; esac
+    case "$cmd" in *datasystem_worker" "*) ;; *) continue ;; esac
+    # dscli passes --worker_address=ADDR: matching the whole flag keeps 10.0.0.1:18481 from
+    # matching 110.0.0.1:18481, and a shell whose command line holds this script from matching.
+    case " $cmd" in *" --worker_address=$1 "*) echo "${d#/proc/}" ;; esac
   done
 }
 """
@@ -317,9 +325,14 @@ def worker(plan: Plan, node: str) -> Script:
     w = plan.worker(node)
     y = plan.cfg.yuanrong
     run, logs = _dirs(plan)
+    # `dscli start -t N [numactl opts] -w` on one line, then one worker flag per line. Started without
+    # proxy variables: the worker's gRPC etcd client honours http_proxy and would dial the proxy.
+    cut = w.argv.index("-w") + 1
+    head, flags = w.argv[:cut], w.argv[cut:]
     start = " \\\n  ".join(
-        f"{w.argv[i]} {q(w.argv[i + 1])}" if w.argv[i].startswith("--") and i + 1 < len(w.argv) else q(w.argv[i])
-        for i in _flag_positions(w.argv)
+        ["env " + " ".join(f"-u {u}" for u in PROXY_VARS) + " " + " ".join(q(a) for a in head)]
+        + [f"{flags[i]} {q(flags[i + 1])}" if flags[i].startswith("--") and i + 1 < len(flags) else q(flags[i])
+           for i in _flag_positions(flags)]
     )
     spec = _spec(start)
     specfile = f"{run}/worker.spec"
@@ -346,7 +359,7 @@ rm -f {q(liveness)}
 if ! timeout {y.start_timeout_s + 60} {start} > {q(log)} 2>&1; then
   for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
   tail -n {LOG_TAIL} {q(w.workdir)}/datasystem/logs/*.INFO* >> {q(log)} 2>/dev/null || true
-  fail_with_log {q(log)} "openYuanrong worker {w.address} did not start within {y.start_timeout_s}s"
+  fail_with_log {q(log)} "openYuanrong worker {w.address} failed to start (dscli start -t {y.start_timeout_s})"
 fi
 deadline=$((SECONDS + 30))
 until grep -qs 'liveness check success' {q(liveness)}; do
@@ -575,4 +588,7 @@ def node_scripts(plan: Plan, node: str) -> tuple[Script, ...]:
             out.append(launch(plan, inst, node))
     if node == plan.proxy.node:
         out.append(proxy(plan))
+    from .probes import probes  # probes builds on this module's Script
+
+    out.append(probes(plan, node))
     return tuple(out)

@@ -19,12 +19,13 @@ import pulumi
 
 from ascend_pd import scripts
 from ascend_pd.plan import Plan
+from ascend_pd.probes import probes
 
 from .etcd_single import EtcdSingle
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
-from .transport import connection
+from .transport import connection, container_command
 from .values import rank_rows, smoke_test
 from .vllm_dp_group import VllmDpGroup
 from .yuanrong_worker import YuanrongWorker
@@ -54,6 +55,13 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
                 conn=conns[node.name],
                 script=scripts.hugepages(plan, node.name),
             )
+
+    # Liveness/readiness probes for the operator's monitoring, rendered with the plan's ports and
+    # paths; they only read, so they go in as soon as the container exists.
+    for node in plan.nodes:
+        npu = npus[node.name]
+        container_command(f"{node.name}-probes", npu=npu, script=probes(plan, node.name), parent=npu,
+                          depends_on=[npu.container])
 
     etcd = EtcdSingle("etcd", etcd=plan.etcd, npu=npus[plan.etcd.node], script=scripts.etcd(plan))
 

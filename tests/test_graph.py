@@ -29,6 +29,7 @@ from pulumi_harness import (
 )
 
 from ascend_pd import scripts
+from ascend_pd.probes import probes
 from ascend_pd.loader import load_stack
 from ascend_pd.plan import build_plan
 
@@ -245,6 +246,7 @@ def test_scripts_pass_through_unchanged(stack):
     for n in plan.nodes:
         expected[f"{n.name}-nr-hugepages"] = scripts.hugepages(plan, n.name)
         expected[f"{n.name}-worker"] = scripts.worker(plan, n.name)
+        expected[f"{n.name}-probes"] = probes(plan, n.name)
         for s in scripts.prepare(plan, n.name):
             expected[f"{n.name}-{s.name}"] = s
     expected[f"{plan.etcd.node}-etcd"] = scripts.etcd(plan)
@@ -404,7 +406,8 @@ def test_private_key_stays_secret():
         assert needle not in json.dumps(reg.inputs), reg.name
     # ... and it is really used: every SSH connection carries it, wrapped as a secret.
     cmds = run.of_type(COMMAND)
-    assert len(cmds) == 35
+    plan = plan_of("a2-8node")
+    assert len(cmds) == sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes) == 43
     for reg in cmds:
         assert is_rpc_secret(reg.inputs["connection"])
         assert unwrap(reg.inputs["connection"])["privateKey"] == FAKE_KEY
