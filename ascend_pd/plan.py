@@ -45,9 +45,22 @@ DERIVED_ENV = {
     "HCCL_SOCKET_IFNAME": "set ascend-pd:nodes[].nic",
     "ASCEND_RT_VISIBLE_DEVICES": "devices follow from ascend-pd:<role>.tp and the rank layout",
 }
-# Unset in every rank's environment, as the seeds do: an HTTP proxy would capture rank-to-rank and
-# proxy-to-rank traffic, and glog-to-stderr floods the openYuanrong client's output.
-UNSET_ENV = ("http_proxy", "https_proxy", "ftp_proxy", "GOOGLE_LOGTOSTDERR", "GOOGLE_ALSOLOGTOSTDERR")
+# Unset in the environment of every service ascend-pd starts (ranks, proxy, worker, etcd), as the
+# seeds do for ranks. The services talk to each other directly (rank to rank, proxy to rank, worker
+# to etcd over gRPC); a proxy variable from the container's env would capture that traffic, in
+# every spelling some client honours: curl reads lower case and HTTPS_PROXY, Python's
+# urllib/requests/httpx both cases and ALL_PROXY, gRPC grpc_proxy/https_proxy/http_proxy.
+# glog-to-stderr floods the openYuanrong client's output (the seeds unset it too).
+UNSET_ENV = (
+    "http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "grpc_proxy",
+    "HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "ALL_PROXY",
+    "GOOGLE_LOGTOSTDERR", "GOOGLE_ALSOLOGTOSTDERR",
+)
+# The worker's unix sockets live at <workdir>/datasystem/uds/<8 hex>/exclusiveConn, and a socket
+# path holds at most 107 bytes: a longer stateDir makes every worker exit at start.
+UDS_SUFFIX = "/yuanrong/datasystem/uds/01234567/exclusiveConn"
+UDS_PATH_MAX = 107
+
 PROXY_FLAGS = ("max-retries", "retry-delay", "max-waiting-retries", "waiting-retry-interval")
 
 
@@ -299,6 +312,10 @@ def _validate(cfg: StackConfig) -> list[Problem]:
     for key, where in ((cfg.etcd.node, ("etcd", "node")), (cfg.proxy.node, ("proxy", "node"))):
         if key not in names:
             p.append(Problem(setting(*where), f"unknown node {key!r}", f"use one of {names}"))
+    if len(cfg.state_dir.encode()) + len(UDS_SUFFIX) > UDS_PATH_MAX:
+        p.append(Problem(setting("stateDir"),
+                         f"{cfg.state_dir!r} makes the worker's unix socket paths longer than {UDS_PATH_MAX} bytes",
+                         f"use a directory of at most {UDS_PATH_MAX - len(UDS_SUFFIX)} characters"))
     step_names = [step_name(s) for s in cfg.container.prepare]
     for j, name in enumerate(step_names):
         if step_names.index(name) != j:

@@ -26,13 +26,6 @@ POLL_S = 5
 # often carries http_proxy (ascend-pd:container.env, for pip): curl and urllib would send the probe
 # to that proxy, never see the service healthy, and stop it at the deadline.
 CURL = "curl --noproxy '*'"
-# The services this program starts talk to each other directly (rank to rank, proxy to rank, worker
-# to etcd over gRPC), so they start without any proxy variable, in every spelling a client honours:
-# curl reads lower case and HTTPS_PROXY, Python's urllib/requests/httpx both cases and ALL_PROXY,
-# gRPC (the openYuanrong worker's etcd client) grpc_proxy/https_proxy/http_proxy.
-PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "grpc_proxy",
-              "HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "ALL_PROXY")
-SERVICE_UNSET = tuple(dict.fromkeys((*UNSET_ENV, *PROXY_VARS)))
 WORKER_KILL_GRACE_S = 15  # after dscli stop gave up: TERM, then KILL after this
 
 
@@ -78,22 +71,32 @@ alive() {  # alive PID: running and not a zombie
   stat=$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
   [ "${stat%% *}" != Z ]
 }
-stop_pidfile() {  # stop_pidfile PIDFILE GRACE: TERM the process group, KILL it after GRACE seconds
-  local pidfile=$1 grace=$2 pid deadline
-  if [ -s "$pidfile" ]; then
-    pid=$(cat "$pidfile")
-    if alive "$pid"; then
+stop_pidfiles() {  # stop_pidfiles GRACE PIDFILE...: TERM every process group at once, KILL what is left after GRACE s
+  local grace=$1 pidfile pid deadline waiting
+  shift
+  local pids=()
+  for pidfile in "$@"; do
+    if [ -s "$pidfile" ] && alive "$(cat "$pidfile")"; then
+      pid=$(cat "$pidfile")
+      pids+=("$pid")
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-      deadline=$((SECONDS + grace))
-      while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
-      if alive "$pid"; then echo "pid $pid ignored TERM for ${grace}s: KILL" >&2; fi
-      # KILL the whole group regardless: children (engine cores) must not outlive their leader.
-      kill -KILL -- "-$pid" 2>/dev/null || true
-      deadline=$((SECONDS + 10))
-      while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
     fi
-  fi
-  rm -f "$pidfile" "${pidfile%.pid}.spec"
+  done
+  deadline=$((SECONDS + grace))
+  while :; do
+    waiting=""
+    for pid in ${pids[@]+"${pids[@]}"}; do if alive "$pid"; then waiting="$waiting $pid"; fi; done
+    if [ -z "$waiting" ] || [ "$SECONDS" -ge "$deadline" ]; then break; fi
+    sleep 0.5
+  done
+  if [ -n "$waiting" ]; then echo "pid(s)$waiting ignored TERM for ${grace}s: KILL" >&2; fi
+  # KILL every group regardless: children (engine cores) must not outlive their leader.
+  for pid in ${pids[@]+"${pids[@]}"}; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + 10))
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
+  done
+  for pidfile in "$@"; do rm -f "$pidfile" "${pidfile%.pid}.spec"; done
 }
 needs_start() {  # needs_start PIDFILE SPEC GRACE: 0 if it must (re)start, 1 if running with SPEC
   local pidfile=$1 spec=$2 grace=$3
@@ -103,7 +106,7 @@ needs_start() {  # needs_start PIDFILE SPEC GRACE: 0 if it must (re)start, 1 if 
       return 1
     fi
     echo "$(basename "${pidfile%.pid}"): running with an older command: restarting"
-    stop_pidfile "$pidfile" "$grace"
+    stop_pidfiles "$grace" "$pidfile"
   fi
   return 0
 }
@@ -124,7 +127,7 @@ def _dirs(plan: Plan) -> tuple[str, str]:
     return f"{s}/run", f"{s}/logs"
 
 
-def _background(env: tuple[tuple[str, str], ...], argv: tuple[str, ...], log: str, unset=SERVICE_UNSET) -> str:
+def _background(env: tuple[tuple[str, str], ...], argv: tuple[str, ...], log: str, unset=UNSET_ENV) -> str:
     """`setsid nohup env ... CMD > LOG &`: its own session and process group, so it outlives the
     `docker exec` that started it and can be stopped as a group; stdin/stdout detached, or the
     exec would wait on them."""
@@ -142,6 +145,20 @@ def _background(env: tuple[tuple[str, str], ...], argv: tuple[str, ...], log: st
             parts.append(q(rest[i]))
             i += 1
     return " \\\n    ".join(parts) + f" \\\n    > {q(log)} 2>&1 < /dev/null &"
+
+
+def _managed_start(name: str, run: str, log: str, start: str, grace: int) -> str:
+    """Start `start` (a `_background` line) unless it already runs with the same command; a
+    running process with an older command is stopped first. Leaves the pid in <run>/<name>.pid."""
+    spec = _spec(start)
+    pidfile = f"{run}/{name}.pid"
+    return f"""if needs_start {q(pidfile)} {spec} {grace}; then
+  rotate_log {q(log)}
+  {start.replace(chr(10), chr(10) + '  ')}
+  echo $! > {q(pidfile)}
+  echo {spec} > {q(f"{run}/{name}.spec")}
+  echo "{name}: started pid $(cat {q(pidfile)})"
+fi"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,13 +182,16 @@ page_kib=$(awk '/^Hugepagesize:/ {{print $2}}' {q(meminfo)})
 if [ -z "$page_kib" ]; then echo "{meminfo} has no Hugepagesize: this kernel has no huge pages" >&2; exit 1; fi
 pages=$(( ({gib} * 1024 * 1024 + page_kib - 1) / page_kib ))
 mkdir -p {q(state_file.rsplit('/', 1)[0])}
-if [ ! -f {q(state_file)} ]; then cat {q(nr_hugepages)} > {q(state_file)}; fi
-if [ "$(cat {q(nr_hugepages)})" != "$pages" ]; then echo "$pages" > {q(nr_hugepages)}; fi
+# The count before ascend-pd first changed it, restored on delete.
+first_run=0
+if [ ! -f {q(state_file)} ]; then cat {q(nr_hugepages)} > {q(state_file)}; first_run=1; fi
+before=$(cat {q(nr_hugepages)})
+if [ "$before" != "$pages" ]; then echo "$pages" > {q(nr_hugepages)}; fi
 total=$(awk '/^HugePages_Total:/ {{print $2}}' {q(meminfo)})
 if [ "$total" -lt "$pages" ]; then
   available=$(awk '/^MemAvailable:/ {{print $2 " " $3}}' {q(meminfo)})
-  cat {q(state_file)} > {q(nr_hugepages)}
-  rm -f {q(state_file)}
+  echo "$before" > {q(nr_hugepages)}  # back to what this run found
+  if [ "$first_run" = 1 ]; then rm -f {q(state_file)}; fi
   echo "the kernel gave $total of $pages huge pages of $page_kib kB ({gib} GiB wanted); MemAvailable: $available." >&2
   echo "Free memory (or set vm.nr_hugepages at boot) and run again, or lower ascend-pd:hugepages.gib." >&2
   exit 1
@@ -244,22 +264,54 @@ echo "pip install {' '.join(step.pip)}: done on {node}"
                 _header(plan, node, f"prepare step {n}") + keep,
             ))
         elif isinstance(step, PatchStep):
-            apply = "\n".join(f"""if [ ! -f {q(p)} ]; then echo "patch {p} is missing on {node}: copy it there first" >&2; exit 1; fi
-if git -C {q(step.repo)} apply --check --reverse {q(p)} >/dev/null 2>&1; then
-  echo "already applied: {p}"
-else
-  git -C {q(step.repo)} -c user.name=ascend-pd -c user.email=ascend-pd@localhost am --3way {q(p)} \\
-    || {{ git -C {q(step.repo)} am --abort || true; echo "git am {p} failed in {step.repo}" >&2; exit 1; }}
-fi""" for p in step.patches)
-            revert = "\n".join(f"""if git -C {q(step.repo)} apply --check --reverse {q(p)} >/dev/null 2>&1; then
-  git -C {q(step.repo)} apply --reverse {q(p)} && echo "reverted: {p}"
-fi""" for p in reversed(step.patches))
-            steps.append(Script(
-                step_name(step), node, "container",
-                _header(plan, node, f"prepare step {n}: patches for {step.repo}") + apply + "\n",
-                _header(plan, node, f"prepare step {n}: revert patches in {step.repo}") + revert + "\n",
-            ))
+            steps.append(_patch_step(plan, node, n, step))
     return tuple(steps)
+
+
+def _patch_step(plan: Plan, node: str, n: int, step: PatchStep) -> Script:
+    """`git am` a patch series as a whole. Applying patch by patch is not re-runnable (a later patch
+    may change what an earlier one added), so the series is always applied onto the commit the
+    repository had before ascend-pd first touched it, and recorded with a fingerprint of the patch
+    files: the same series on the same HEAD is left alone, anything else is reset and re-applied,
+    and delete resets to that commit. ascend-pd owns these repositories' state: local edits in
+    them are discarded."""
+    name = step_name(step)
+    repo, marks = q(step.repo), f"{plan.cfg.state_dir}/patches"
+    base, applied = q(f"{marks}/{name}.base"), q(f"{marks}/{name}.applied")
+    files = " ".join(q(p) for p in step.patches)
+    git = f"git -C {repo}"
+    missing = "\n".join(
+        f'if [ ! -f {q(p)} ]; then echo "patch {p} is missing on {node}: copy it there first" >&2; exit 1; fi'
+        for p in step.patches)
+    create = _header(plan, node, f"prepare step {n}: patches for {step.repo}") + f"""
+{missing}
+mkdir -p {q(marks)}
+want="$(sha256sum {files} | sha256sum | cut -c1-16) $({git} rev-parse HEAD)"
+if [ -f {applied} ] && [ "$(cat {applied})" = "$want" ]; then
+  echo "{step.repo}: {len(step.patches)} patch(es) already applied"
+  exit 0
+fi
+if [ ! -f {base} ]; then {git} rev-parse HEAD > {base}; fi
+{git} am --abort >/dev/null 2>&1 || true
+{git} reset -q --hard "$(cat {base})"
+if ! {git} -c user.name=ascend-pd -c user.email=ascend-pd@localhost am --3way {files}; then
+  {git} am --abort >/dev/null 2>&1 || true
+  {git} reset -q --hard "$(cat {base})"
+  echo "git am failed in {step.repo}; the repository is back at $(cat {base})" >&2
+  exit 1
+fi
+echo "$(sha256sum {files} | sha256sum | cut -c1-16) $({git} rev-parse HEAD)" > {applied}
+echo "{step.repo}: applied {len(step.patches)} patch(es) onto $(cut -c1-12 {base})"
+"""
+    delete = _header(plan, node, f"prepare step {n}: revert patches in {step.repo}") + f"""
+if [ -f {base} ]; then
+  {git} am --abort >/dev/null 2>&1 || true
+  {git} reset -q --hard "$(cat {base})"
+  echo "{step.repo}: reset to $(cut -c1-12 {base})"
+fi
+rm -f {base} {applied}
+"""
+    return Script(name, node, "container", create, delete)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,23 +322,16 @@ def etcd(plan: Plan) -> Script:
     e, cfg = plan.etcd, plan.cfg.etcd
     run, logs = _dirs(plan)
     pidfile, log = f"{run}/etcd.pid", f"{logs}/etcd.log"
-    start = _background((), e.argv, log, unset=())
-    spec = _spec(start)
+    start = _background((), e.argv, log)
     health = f"{CURL} -fsS -m 3 {e.client_url}/health 2>/dev/null | grep -q '\"health\":\"true\"'"
     create = _header(plan, e.node, f"etcd {e.endpoint}") + LIB + f"""
 mkdir -p {q(run)} {q(logs)}
-if needs_start {q(pidfile)} {spec} 30; then
-  rotate_log {q(log)}
-  {start.replace(chr(10), chr(10) + '  ')}
-  echo $! > {q(pidfile)}
-  echo {spec} > {q(pidfile[:-4] + '.spec')}
-  echo "etcd: started pid $(cat {q(pidfile)})"
-fi
+{_managed_start("etcd", run, log, start, 30)}
 deadline=$((SECONDS + {cfg.start_timeout_s}))
 until {health}; do
   if ! alive "$(cat {q(pidfile)})"; then fail_with_log {q(log)} "etcd exited before it became healthy"; fi
   if [ "$SECONDS" -ge "$deadline" ]; then
-    stop_pidfile {q(pidfile)} 10
+    stop_pidfiles 10 {q(pidfile)}
     fail_with_log {q(log)} "etcd not healthy at {e.client_url}/health within {cfg.start_timeout_s}s"
   fi
   sleep 1
@@ -294,7 +339,7 @@ done
 echo "etcd healthy at {e.client_url}"
 """
     delete = _header(plan, e.node, "etcd (stop, remove data)") + LIB + f"""
-stop_pidfile {q(pidfile)} 30
+stop_pidfiles 30 {q(pidfile)}
 # Stale member data makes the next start fail or resurrect old worker registrations (seed FAQ).
 rm -rf {q(e.data_dir)}
 echo "etcd stopped, {e.data_dir} removed"
@@ -330,7 +375,7 @@ def worker(plan: Plan, node: str) -> Script:
     cut = w.argv.index("-w") + 1
     head, flags = w.argv[:cut], w.argv[cut:]
     start = " \\\n  ".join(
-        ["env " + " ".join(f"-u {u}" for u in PROXY_VARS) + " " + " ".join(q(a) for a in head)]
+        ["env " + " ".join(f"-u {u}" for u in UNSET_ENV) + " " + " ".join(q(a) for a in head)]
         + [f"{flags[i]} {q(flags[i + 1])}" if flags[i].startswith("--") and i + 1 < len(flags) else q(flags[i])
            for i in _flag_positions(flags)]
     )
@@ -355,8 +400,9 @@ fi
 # dscli resolves ./datasystem (logs, rocksdb, uds) against the current directory: always the same one.
 cd {q(w.workdir)}
 rm -f {q(liveness)}
-# dscli start returns once the worker is ready and kills it itself after -t seconds.
-if ! timeout {y.start_timeout_s + 60} {start} > {q(log)} 2>&1; then
+# dscli start returns once the worker is ready and kills it itself after -t seconds. stdin from
+# /dev/null: the worker inherits it and must not hold (or read) the pipe this script arrives on.
+if ! timeout {y.start_timeout_s + 60} {start} > {q(log)} 2>&1 < /dev/null; then
   for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
   tail -n {LOG_TAIL} {q(w.workdir)}/datasystem/logs/*.INFO* >> {q(log)} 2>/dev/null || true
   fail_with_log {q(log)} "openYuanrong worker {w.address} failed to start (dscli start -t {y.start_timeout_s})"
@@ -374,12 +420,19 @@ if [ -n "$(worker_pids {q(w.address)})" ]; then
   cd {q(w.workdir)} 2>/dev/null || true
   # dscli stop's own wait is 180 s + shared memory / 40 s (hours at 500 GB): bound it.
   if ! timeout {y.stop_timeout_s} dscli stop --worker_address {q(w.address)}; then
-    echo "dscli stop did not finish within {y.stop_timeout_s}s: terminating the worker" >&2
+    echo "dscli stop failed or did not finish within {y.stop_timeout_s}s: terminating the worker" >&2
   fi
   for pid in $(worker_pids {q(w.address)}); do kill -TERM "$pid" 2>/dev/null || true; done
   deadline=$((SECONDS + {WORKER_KILL_GRACE_S}))
   while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
   for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
+  # KILL is asynchronous: report success only once the worker is gone (its files go next).
+  deadline=$((SECONDS + 10))
+  while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+  if [ -n "$(worker_pids {q(w.address)})" ]; then
+    echo "worker {w.address} (pid $(worker_pids {q(w.address)} | tr '\\n' ' ')) survived KILL" >&2
+    exit 1
+  fi
 fi
 # Stale rocksdb metadata and client logs cause 'key not found' after an unclean stop (seed FAQ).
 rm -rf {q(w.workdir)}/datasystem "$HOME/.datasystem" {q(liveness)} {q(specfile)}
@@ -408,33 +461,27 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
     timeout = plan.cfg.vllm.ready_timeout_s
     blocks, names = [], []
     for r in ranks:
-        pidfile, log = f"{run}/{r.name}.pid", f"{logs}/{r.name}.log"
-        start = _background(r.env, r.argv, log)
-        spec = _spec(start)
         names.append(r.name)
-        blocks.append(f"""# {r.name}: DP rank {r.dp_rank}/{r.dp_size}, devices {r.visible_devices}, port {r.port}
-if needs_start {q(pidfile)} {spec} {grace}; then
-  rotate_log {q(log)}
-  {start.replace(chr(10), chr(10) + '  ')}
-  echo $! > {q(pidfile)}
-  echo {spec} > {q(run + '/' + r.name + '.spec')}
-  echo "{r.name}: started pid $(cat {q(pidfile)})"
-fi""")
+        start = _background(r.env, r.argv, f"{logs}/{r.name}.log")
+        blocks.append(f"# {r.name}: DP rank {r.dp_rank}/{r.dp_size}, devices {r.visible_devices}, port {r.port}\n"
+                      + _managed_start(r.name, run, f"{logs}/{r.name}.log", start, grace))
     checks = "\n  ".join(
         f"check_rank {r.name} http://{r.address}:{r.port}/health && healthy=$((healthy + 1))" for r in ranks
     )
     unhealthy_logs = "\n    ".join(
         f"{CURL} -fsS -o /dev/null -m 3 http://{r.address}:{r.port}/health 2>/dev/null || show_log {r.name}" for r in ranks
     )
-    stop_all = "\n".join(f"stop_pidfile {q(run + '/' + n + '.pid')} {grace}" for n in names)
+    stop_all = f"stop_pidfiles {grace} " + " ".join(q(f"{run}/{n}.pid") for n in names)
     keep = "|".join(names)
     create = _header(plan, node, f"{instance.name} ranks {', '.join(names)}") + LIB + f"""
 mkdir -p {q(run)} {q(logs)}
 # Ranks of {instance.name} on this node that the plan no longer has (dp or layout changed): stop them.
+unplanned=()
 for pidfile in {q(run)}/{instance.name}-r*.pid; do
   [ -e "$pidfile" ] || continue
-  case "$(basename "$pidfile" .pid)" in {keep}) ;; *) echo "stopping $(basename "$pidfile" .pid): no longer planned"; stop_pidfile "$pidfile" {grace} ;; esac
+  case "$(basename "$pidfile" .pid)" in {keep}) ;; *) echo "stopping $(basename "$pidfile" .pid): no longer planned"; unplanned+=("$pidfile") ;; esac
 done
+if [ "${{#unplanned[@]}}" -gt 0 ]; then stop_pidfiles {grace} "${{unplanned[@]}}"; fi
 stop_local_ranks() {{
 {stop_all}
 }}
@@ -478,11 +525,8 @@ done
 echo "{instance.name} on {node}: {len(ranks)}/{len(ranks)} ranks healthy"
 """
     delete = _header(plan, node, f"{instance.name} ranks (stop)") + LIB + f"""
-{stop_all}
-for pidfile in {q(run)}/{instance.name}-r*.pid; do
-  [ -e "$pidfile" ] || continue
-  stop_pidfile "$pidfile" {grace}
-done
+# Every rank of {instance.name} this node ever ran (the glob also finds ranks an older plan had).
+stop_pidfiles {grace} {q(run)}/{instance.name}-r*.pid
 echo "{instance.name} on {node}: ranks stopped"
 """
     return Script(f"launch-{instance.name}", node, "container", create, delete)
@@ -497,20 +541,14 @@ def proxy(plan: Plan) -> Script:
     run, logs = _dirs(plan)
     pidfile, log = f"{run}/proxy.pid", f"{logs}/proxy.log"
     start = _background((), p.argv, log)
-    spec = _spec(start)
     n_pre, n_dec = len(p.prefillers), len(p.decoders)
+    py = q(cfg.proxy.python)  # the proxy's interpreter: the one this container is known to have
     create = _header(plan, p.node, f"PD proxy {p.url}") + LIB + f"""
 mkdir -p {q(run)} {q(logs)}
-if needs_start {q(pidfile)} {spec} 30; then
-  rotate_log {q(log)}
-  {start.replace(chr(10), chr(10) + '  ')}
-  echo $! > {q(pidfile)}
-  echo {spec} > {q(run + '/proxy.spec')}
-  echo "proxy: started pid $(cat {q(pidfile)})"
-fi
+{_managed_start("proxy", run, log, start, 30)}
 # /healthcheck must report every planned instance: {n_pre} prefill, {n_dec} decode.
 deadline=$((SECONDS + {cfg.proxy.ready_timeout_s}))
-until {CURL} -fsS -m 5 {p.url}/healthcheck 2>/dev/null | python3 -c '
+until {CURL} -fsS -m 5 {p.url}/healthcheck 2>/dev/null | {py} -c '
 import json, sys
 try:
     h = json.load(sys.stdin)
@@ -520,13 +558,13 @@ sys.exit(0 if (h.get("prefill_instances"), h.get("decode_instances")) == ({n_pre
   if ! alive "$(cat {q(pidfile)})"; then fail_with_log {q(log)} "the proxy exited before /healthcheck answered"; fi
   if [ "$SECONDS" -ge "$deadline" ]; then
     echo "last /healthcheck: $({CURL} -sS -m 5 {p.url}/healthcheck 2>&1 || true)" >&2
-    stop_pidfile {q(pidfile)} 10
+    stop_pidfiles 10 {q(pidfile)}
     fail_with_log {q(log)} "proxy /healthcheck did not report {n_pre} prefill + {n_dec} decode instances within {cfg.proxy.ready_timeout_s}s"
   fi
   sleep 2
 done
 # The seeds' functional check: one chat completion through the proxy must return text.
-python3 - <<'SMOKE' || {{ stop_pidfile {q(pidfile)} 10; fail_with_log {q(log)} "smoke completion through the proxy failed"; }}
+{py} - <<'SMOKE' || {{ stop_pidfiles 10 {q(pidfile)}; fail_with_log {q(log)} "smoke completion through the proxy failed"; }}
 import json, sys, time, urllib.request
 body = {{"model": {cfg.model.served_name!r}, "messages": [{{"role": "user", "content": "hello"}}],
         "max_tokens": 16, "temperature": 0, "stream": False,
@@ -550,7 +588,7 @@ SMOKE
 echo "proxy ready at {p.url} ({n_pre} prefill, {n_dec} decode)"
 """
     delete = _header(plan, p.node, "PD proxy (stop)") + LIB + f"""
-stop_pidfile {q(pidfile)} 30
+stop_pidfiles 30 {q(pidfile)}
 echo "proxy stopped"
 """
     return Script("proxy", p.node, "container", create, delete)

@@ -97,6 +97,8 @@ CASES = {
     "two preparation steps with one identity": (
         lambda d: d["container"]["prepare"].append({"pip": ["transformers==5.3.0"]}),
         "ascend-pd:container.prepare[4]", "'pip-transformers'"),
+    "state dir too long for the worker's sockets": (
+        lambda d: d.update(stateDir="/workspace/" + "x" * 60), "ascend-pd:stateDir", "at most 60 characters"),
     "command substitution in env": (
         lambda d: d["vllm"]["env"].update(X="$(id)"), "ascend-pd:vllm.env.X", "command substitution"),
 }

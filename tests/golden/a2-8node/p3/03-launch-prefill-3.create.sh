@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# ascend-pd a2-8node: prefill-3 ranks prefill-3-r0, prefill-3-r1 on p3
+set -euo pipefail
+
+alive() {  # alive PID: running and not a zombie
+  local stat
+  stat=$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ "${stat%% *}" != Z ]
+}
+stop_pidfiles() {  # stop_pidfiles GRACE PIDFILE...: TERM every process group at once, KILL what is left after GRACE s
+  local grace=$1 pidfile pid deadline waiting
+  shift
+  local pids=()
+  for pidfile in "$@"; do
+    if [ -s "$pidfile" ] && alive "$(cat "$pidfile")"; then
+      pid=$(cat "$pidfile")
+      pids+=("$pid")
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    fi
+  done
+  deadline=$((SECONDS + grace))
+  while :; do
+    waiting=""
+    for pid in ${pids[@]+"${pids[@]}"}; do if alive "$pid"; then waiting="$waiting $pid"; fi; done
+    if [ -z "$waiting" ] || [ "$SECONDS" -ge "$deadline" ]; then break; fi
+    sleep 0.5
+  done
+  if [ -n "$waiting" ]; then echo "pid(s)$waiting ignored TERM for ${grace}s: KILL" >&2; fi
+  # KILL every group regardless: children (engine cores) must not outlive their leader.
+  for pid in ${pids[@]+"${pids[@]}"}; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + 10))
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
+  done
+  for pidfile in "$@"; do rm -f "$pidfile" "${pidfile%.pid}.spec"; done
+}
+needs_start() {  # needs_start PIDFILE SPEC GRACE: 0 if it must (re)start, 1 if running with SPEC
+  local pidfile=$1 spec=$2 grace=$3
+  if [ -s "$pidfile" ] && alive "$(cat "$pidfile")"; then
+    if [ "$(cat "${pidfile%.pid}.spec" 2>/dev/null)" = "$spec" ]; then
+      echo "$(basename "${pidfile%.pid}"): already running (pid $(cat "$pidfile"))"
+      return 1
+    fi
+    echo "$(basename "${pidfile%.pid}"): running with an older command: restarting"
+    stop_pidfiles "$grace" "$pidfile"
+  fi
+  return 0
+}
+rotate_log() {  # keep the previous run's log beside the new one
+  if [ -f "$1" ]; then mv -f "$1" "$1.1"; fi
+}
+fail_with_log() {  # fail_with_log LOG MESSAGE
+  echo "$2" >&2
+  echo "--- last lines of $1:" >&2
+  tail -n 50 "$1" >&2 2>/dev/null || echo "(no log)" >&2
+  exit 1
+}
+
+mkdir -p /workspace/ascend-pd/run /workspace/ascend-pd/logs
+# Ranks of prefill-3 on this node that the plan no longer has (dp or layout changed): stop them.
+unplanned=()
+for pidfile in /workspace/ascend-pd/run/prefill-3-r*.pid; do
+  [ -e "$pidfile" ] || continue
+  case "$(basename "$pidfile" .pid)" in prefill-3-r0|prefill-3-r1) ;; *) echo "stopping $(basename "$pidfile" .pid): no longer planned"; unplanned+=("$pidfile") ;; esac
+done
+if [ "${#unplanned[@]}" -gt 0 ]; then stop_pidfiles 60 "${unplanned[@]}"; fi
+stop_local_ranks() {
+stop_pidfiles 60 /workspace/ascend-pd/run/prefill-3-r0.pid /workspace/ascend-pd/run/prefill-3-r1.pid
+}
+show_log() {
+  echo "--- last lines of /workspace/ascend-pd/logs/$1.log:" >&2
+  tail -n 50 "/workspace/ascend-pd/logs/$1.log" >&2 || true
+}
+check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails the whole launch
+  local pid
+  pid=$(cat "/workspace/ascend-pd/run/$1.pid")
+  if ! alive "$pid"; then
+    echo "$1 (pid $pid) exited before answering /health" >&2
+    show_log "$1"
+    stop_local_ranks
+    exit 1
+  fi
+  curl --noproxy '*' -fsS -o /dev/null -m 3 "$2" 2>/dev/null
+}
+
+# prefill-3-r0: DP rank 0/2, devices 0,1,2,3, port 7100
+if needs_start /workspace/ascend-pd/run/prefill-3-r0.pid 96a32dccb4afdfbd 60; then
+  rotate_log /workspace/ascend-pd/logs/prefill-3-r0.log
+  setsid nohup env \
+      -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      TASK_QUEUE_ENABLE="1" \
+      VLLM_RPC_TIMEOUT="3600000" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      OMP_PROC_BIND="false" \
+      OMP_NUM_THREADS="10" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      HCCL_BUFFSIZE="1024" \
+      VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      HCCL_IF_IP="192.0.2.13" \
+      GLOO_SOCKET_IFNAME="enp67s0f0np0" \
+      TP_SOCKET_IFNAME="enp67s0f0np0" \
+      HCCL_SOCKET_IFNAME="enp67s0f0np0" \
+      ASCEND_RT_VISIBLE_DEVICES="0,1,2,3" \
+      DS_WORKER_ADDR="192.0.2.13:18481" \
+      PYTHONHASHSEED="0" \
+      vllm serve /home/117_share/weight/DeepSeek-V4-Flash-w8a8-mtp/ \
+      --host 192.0.2.13 \
+      --port 7100 \
+      --data-parallel-size 2 \
+      --data-parallel-rank 0 \
+      --data-parallel-address 192.0.2.13 \
+      --data-parallel-rpc-port 12321 \
+      --tensor-parallel-size 4 \
+      --served-model-name deepseek_v4 \
+      --enable-expert-parallel \
+      --seed 1024 \
+      --max-model-len 1048576 \
+      --block-size 128 \
+      --async-scheduling \
+      --no-disable-hybrid-kv-cache-manager \
+      --trust-remote-code \
+      --gpu-memory-utilization 0.9 \
+      --quantization ascend \
+      --safetensors-load-strategy prefetch \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --enable-auto-tool-choice \
+      --reasoning-parser deepseek_v4 \
+      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --max-num-batched-tokens 8192 \
+      --max-num-seqs 16 \
+      --enforce-eager \
+      --enable-prefix-caching \
+      --additional-config '{"enable_cpu_binding": true, "enable_shared_expert_dp": true}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "3", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_producer", "kv_port": "30000", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
+      > /workspace/ascend-pd/logs/prefill-3-r0.log 2>&1 < /dev/null &
+  echo $! > /workspace/ascend-pd/run/prefill-3-r0.pid
+  echo 96a32dccb4afdfbd > /workspace/ascend-pd/run/prefill-3-r0.spec
+  echo "prefill-3-r0: started pid $(cat /workspace/ascend-pd/run/prefill-3-r0.pid)"
+fi
+# prefill-3-r1: DP rank 1/2, devices 4,5,6,7, port 7101
+if needs_start /workspace/ascend-pd/run/prefill-3-r1.pid 3d11c99ee892a1de 60; then
+  rotate_log /workspace/ascend-pd/logs/prefill-3-r1.log
+  setsid nohup env \
+      -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      TASK_QUEUE_ENABLE="1" \
+      VLLM_RPC_TIMEOUT="3600000" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      OMP_PROC_BIND="false" \
+      OMP_NUM_THREADS="10" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      HCCL_BUFFSIZE="1024" \
+      VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      HCCL_IF_IP="192.0.2.13" \
+      GLOO_SOCKET_IFNAME="enp67s0f0np0" \
+      TP_SOCKET_IFNAME="enp67s0f0np0" \
+      HCCL_SOCKET_IFNAME="enp67s0f0np0" \
+      ASCEND_RT_VISIBLE_DEVICES="4,5,6,7" \
+      DS_WORKER_ADDR="192.0.2.13:18481" \
+      PYTHONHASHSEED="0" \
+      vllm serve /home/117_share/weight/DeepSeek-V4-Flash-w8a8-mtp/ \
+      --host 192.0.2.13 \
+      --port 7101 \
+      --data-parallel-size 2 \
+      --data-parallel-rank 1 \
+      --data-parallel-address 192.0.2.13 \
+      --data-parallel-rpc-port 12321 \
+      --tensor-parallel-size 4 \
+      --served-model-name deepseek_v4 \
+      --enable-expert-parallel \
+      --seed 1024 \
+      --max-model-len 1048576 \
+      --block-size 128 \
+      --async-scheduling \
+      --no-disable-hybrid-kv-cache-manager \
+      --trust-remote-code \
+      --gpu-memory-utilization 0.9 \
+      --quantization ascend \
+      --safetensors-load-strategy prefetch \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --enable-auto-tool-choice \
+      --reasoning-parser deepseek_v4 \
+      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --max-num-batched-tokens 8192 \
+      --max-num-seqs 16 \
+      --enforce-eager \
+      --enable-prefix-caching \
+      --additional-config '{"enable_cpu_binding": true, "enable_shared_expert_dp": true}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "3", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_producer", "kv_port": "30000", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
+      > /workspace/ascend-pd/logs/prefill-3-r1.log 2>&1 < /dev/null &
+  echo $! > /workspace/ascend-pd/run/prefill-3-r1.pid
+  echo 3d11c99ee892a1de > /workspace/ascend-pd/run/prefill-3-r1.spec
+  echo "prefill-3-r1: started pid $(cat /workspace/ascend-pd/run/prefill-3-r1.pid)"
+fi
+
+# Wait until every local rank answers /health (ranks of a multi-node instance need their peers up).
+deadline=$((SECONDS + 3600))
+report=$((SECONDS + 60))
+while :; do
+  healthy=0
+  check_rank prefill-3-r0 http://192.0.2.13:7100/health && healthy=$((healthy + 1))
+  check_rank prefill-3-r1 http://192.0.2.13:7101/health && healthy=$((healthy + 1))
+  if [ "$healthy" -eq 2 ]; then break; fi
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "prefill-3 on p3: only $healthy of 2 ranks healthy after 3600s" >&2
+    curl --noproxy '*' -fsS -o /dev/null -m 3 http://192.0.2.13:7100/health 2>/dev/null || show_log prefill-3-r0
+    curl --noproxy '*' -fsS -o /dev/null -m 3 http://192.0.2.13:7101/health 2>/dev/null || show_log prefill-3-r1
+    stop_local_ranks
+    exit 1
+  fi
+  if [ "$SECONDS" -ge "$report" ]; then
+    echo "prefill-3 on p3: $healthy/2 ranks healthy after $SECONDS s"
+    report=$((SECONDS + 60))
+  fi
+  sleep 5
+done
+echo "prefill-3 on p3: 2/2 ranks healthy"

@@ -1,0 +1,61 @@
+"""Every script the committed stacks render passes shellcheck: each node's create and delete text,
+and the exact commands Pulumi sends (the SSH/`docker exec` heredoc wrappers around them)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ascend_pd import scripts
+from ascend_pd.loader import PROJECT_DIR, load_stack
+from ascend_pd.plan import build_plan
+
+STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in PROJECT_DIR.glob("Pulumi.*.yaml"))
+
+pytestmark = pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+
+
+def rendered(stack: str) -> dict[str, str]:
+    plan = build_plan(load_stack(stack), stack)
+    out: dict[str, str] = {}
+    for node in plan.nodes:
+        for n, s in enumerate(scripts.node_scripts(plan, node.name)):
+            for kind in ("create", "delete"):
+                text = getattr(s, kind)
+                out[f"{node.name}/{n:02d}-{s.name}.{kind}.sh"] = text
+                if s.where == "host":
+                    wrapped = scripts.on_host(text)
+                else:
+                    wrapped = scripts.in_container(plan.cfg.container.name, text, missing_ok=kind == "delete")
+                out[f"{node.name}/{n:02d}-{s.name}.{kind}.pulumi.sh"] = "#!/usr/bin/env bash\n" + wrapped
+    return out
+
+
+def test_stacks_exist():
+    assert {"a2-8node", "a3-4node"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_rendered_script_passes_shellcheck(stack: str, tmp_path: Path):
+    files = []
+    for name, text in rendered(stack).items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        files.append(str(path.relative_to(tmp_path)))
+    assert len(files) > 20
+    proc = subprocess.run(["shellcheck", "--shell=bash", "--severity=style", *files], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"shellcheck findings in {stack}:\n{proc.stdout}{proc.stderr}"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_script_is_strict(stack: str):
+    for name, text in rendered(stack).items():
+        if name.endswith(".pulumi.sh"):
+            continue
+        assert text.startswith("#!/usr/bin/env bash\n"), name
+        assert "\nset -euo pipefail\n" in text, name
