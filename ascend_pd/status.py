@@ -39,7 +39,7 @@ uses the difference to the previous poll; a rank whose counters went down restar
 values are taken as its interval. Ranks whose `/metrics` failed are left out of the sums (`ranks`
 tells how many were counted). Caveat: in P/D disaggregation the decode ranks' external counters
 count KV transferred from prefill through Mooncake (close to 100 %), not pool hits, and a decode role
-with prefix caching off has LQ = 0. The cluster row is therefore the prompt side: the sums over
+with prefix caching off has LQ = 0: decode ranks and the decode role get no effective rate. The cluster row is therefore the prompt side: the sums over
 every prefill rank, where every prompt is computed once; summing decode in would count each
 transferred token a second time as an "external hit" and push the effective rate past 100 %.
 """
@@ -214,14 +214,16 @@ class HitRates:
     effective_rate: Optional[float]
 
     @classmethod
-    def of(cls, counters: list[CacheCounters]) -> "HitRates":
+    def of(cls, counters: list[CacheCounters], *, prompt_side: bool = True) -> "HitRates":
+        """prompt_side=False (decode ranks): their external hits are KV transferred from prefill,
+        not prompt tokens saved, so no effective rate is defined for them."""
         c = sum(counters, CacheCounters())
         return cls(
             ranks=len(counters), local_hits=c.local_hits, local_queries=c.local_queries,
             external_hits=c.external_hits, external_queries=c.external_queries,
             local_rate=_rate(c.local_hits, c.local_queries),
             external_rate=_rate(c.external_hits, c.external_queries),
-            effective_rate=_rate(c.local_hits + c.external_hits, c.local_queries),
+            effective_rate=_rate(c.local_hits + c.external_hits, c.local_queries) if prompt_side else None,
         )
 
 
@@ -686,8 +688,10 @@ def collect_status(
 
 
 def _table(plan: Plan, counters: dict[str, CacheCounters], seconds: Optional[float]) -> HitRateTable:
-    per_rank = {r.name: HitRates.of([counters[r.name]]) for r in plan.ranks if r.name in counters}
-    roles = {role: HitRates.of([counters[r.name] for r in plan.ranks_of(role) if r.name in counters])
+    per_rank = {r.name: HitRates.of([counters[r.name]], prompt_side=r.role == "prefill")
+                for r in plan.ranks if r.name in counters}
+    roles = {role: HitRates.of([counters[r.name] for r in plan.ranks_of(role) if r.name in counters],
+                               prompt_side=role == "prefill")
              for role in ROLES}
     # Prompts are computed on prefill ranks only; see the module docstring.
     cluster = HitRates.of([counters[r.name] for r in plan.ranks_of("prefill") if r.name in counters])

@@ -116,6 +116,15 @@ def test_parse_prometheus():
             parse_prometheus(bad + "\n")
 
 
+def test_decode_ranks_have_no_effective_rate():
+    """Decode's external hits are KV transferred from prefill: 403 of them over 3 local queries
+    would read as 13433 % "effective"; the prompt side alone gets an effective rate."""
+    c = CacheCounters(local_hits=0, local_queries=3, external_hits=403, external_queries=403)
+    assert HitRates.of([c], prompt_side=False).effective_rate is None
+    assert HitRates.of([c], prompt_side=False).external_rate == 1.0
+    assert HitRates.of([c]).effective_rate == pytest.approx(403 / 3)
+
+
 def test_rates_and_counter_resets():
     h = HitRates.of([CacheCounters(250, 1000, 300, 750), CacheCounters(1500, 3000, 0, 1500)])
     assert (h.ranks, h.local_hits, h.local_queries, h.external_hits, h.external_queries) == (2, 1750, 4000, 300, 2250)
