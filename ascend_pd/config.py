@@ -38,6 +38,13 @@ DEFAULT_MOUNTS = (
     ("/data", "/data"),
     ("/usr/share/zoneinfo/Asia/Shanghai", "/etc/localtime"),
 )
+# The seeds work in an interactive `docker exec -it <container> bash`, whose ~/.bashrc and
+# /etc/profile source CANN's environment scripts; the non-interactive shell ascend-pd runs reads
+# neither, so container scripts source them explicitly (skipping absent ones).
+DEFAULT_ENV_FILES = (
+    "/usr/local/Ascend/ascend-toolkit/set_env.sh",
+    "/usr/local/Ascend/nnal/atb/set_env.sh",
+)
 DEFAULT_DEVICES = ("/dev/davinci_manager", "/dev/hisi_hdc", "/dev/devmm_svm")
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
@@ -107,6 +114,10 @@ class Container(_Model):
     env: dict[str, str] = Field(default_factory=dict, description="Container environment (e.g. proxies).")
     prepare: list[Union[PipStep, PatchStep]] = Field(
         default_factory=list, description="Steps run once in every container after it is created."
+    )
+    env_files: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ENV_FILES),
+        description="Sourced (if present) before anything Python or NPU-related starts in the container.",
     )
 
     @field_validator("shm_size")

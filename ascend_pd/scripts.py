@@ -59,8 +59,16 @@ def _spec(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _header(plan: Plan, node: str, what: str) -> str:
-    return f"#!/usr/bin/env bash\n# ascend-pd {plan.stack}: {what} on {node}\nset -euo pipefail\n"
+def _header(plan: Plan, node: str, what: str, *, cann_env: bool = False) -> str:
+    """Shebang, what and where, strict mode; with cann_env the container's CANN environment
+    (ascend-pd:container.envFiles), sourced leniently: those scripts are not `set -u` clean."""
+    text = f"#!/usr/bin/env bash\n# ascend-pd {plan.stack}: {what} on {node}\nset -euo pipefail\n"
+    files = plan.cfg.container.env_files if cann_env else []
+    if files:
+        text += "# The environment an interactive shell in this container has (CANN's set_env.sh files).\nset +eu\n"
+        text += "".join(f"# shellcheck source=/dev/null\nif [ -f {q(f)} ]; then . {q(f)}; fi\n" for f in files)
+        text += "set -eu\n"
+    return text
 
 
 # Process bookkeeping shared by container scripts. Functions take paths, never commands: every
@@ -224,7 +232,7 @@ def prepare(plan: Plan, node: str) -> tuple[Script, ...]:
     y = cfg.yuanrong
     steps.append(Script(
         "install-yuanrong", node, "container",
-        _header(plan, node, "install openYuanrong Datasystem") + f"""
+        _header(plan, node, "install openYuanrong Datasystem", cann_env=True) + f"""
 pip install --no-input {q(y.package)} > /tmp/ascend-pd-pip-yuanrong.log 2>&1 \\
   || fail_with_log /tmp/ascend-pd-pip-yuanrong.log "pip install {y.package} failed"
 python3 -c 'import yr.datasystem' && command -v dscli >/dev/null
@@ -256,7 +264,7 @@ echo "etcd {e.version} installed on {node}"
             args = " ".join(q(a) for a in step.pip)
             steps.append(Script(
                 step_name(step), node, "container",
-                _header(plan, node, f"prepare step {n}: pip install") + LIB + f"""
+                _header(plan, node, f"prepare step {n}: pip install", cann_env=True) + LIB + f"""
 pip install --no-input {args} > /tmp/ascend-pd-prepare-{n}.log 2>&1 \\
   || fail_with_log /tmp/ascend-pd-prepare-{n}.log "pip install {' '.join(step.pip)} failed"
 echo "pip install {' '.join(step.pip)}: done on {node}"
@@ -383,7 +391,7 @@ def worker(plan: Plan, node: str) -> Script:
     specfile = f"{run}/worker.spec"
     log = f"{logs}/dscli-start.log"
     liveness = y.liveness_path
-    create = _header(plan, node, f"openYuanrong worker {w.address}") + LIB + WORKER_LIB + f"""
+    create = _header(plan, node, f"openYuanrong worker {w.address}", cann_env=True) + LIB + WORKER_LIB + f"""
 mkdir -p {q(run)} {q(logs)} {q(w.workdir)}
 if [ -n "$(worker_pids {q(w.address)})" ]; then
   if [ "$(cat {q(specfile)} 2>/dev/null)" = {spec} ]; then
@@ -415,7 +423,7 @@ done
 echo {spec} > {q(specfile)}
 echo "worker {w.address}: ready, registered with etcd {plan.etcd.endpoint}"
 """
-    delete = _header(plan, node, f"openYuanrong worker {w.address} (stop, clean)") + WORKER_LIB + f"""
+    delete = _header(plan, node, f"openYuanrong worker {w.address} (stop, clean)", cann_env=True) + WORKER_LIB + f"""
 if [ -n "$(worker_pids {q(w.address)})" ]; then
   cd {q(w.workdir)} 2>/dev/null || true
   # dscli stop's own wait is 180 s + shared memory / 40 s (hours at 500 GB): bound it.
@@ -473,7 +481,7 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
     )
     stop_all = f"stop_pidfiles {grace} " + " ".join(q(f"{run}/{n}.pid") for n in names)
     keep = "|".join(names)
-    create = _header(plan, node, f"{instance.name} ranks {', '.join(names)}") + LIB + f"""
+    create = _header(plan, node, f"{instance.name} ranks {', '.join(names)}", cann_env=True) + LIB + f"""
 mkdir -p {q(run)} {q(logs)}
 # Ranks of {instance.name} on this node that the plan no longer has (dp or layout changed): stop them.
 unplanned=()
@@ -543,7 +551,7 @@ def proxy(plan: Plan) -> Script:
     start = _background((), p.argv, log)
     n_pre, n_dec = len(p.prefillers), len(p.decoders)
     py = q(cfg.proxy.python)  # the proxy's interpreter: the one this container is known to have
-    create = _header(plan, p.node, f"PD proxy {p.url}") + LIB + f"""
+    create = _header(plan, p.node, f"PD proxy {p.url}", cann_env=True) + LIB + f"""
 mkdir -p {q(run)} {q(logs)}
 {_managed_start("proxy", run, log, start, 30)}
 # /healthcheck must report every planned instance: {n_pre} prefill, {n_dec} decode.

@@ -214,3 +214,25 @@ def test_delete_stops_every_rank(a2: harness.Cluster, a3: harness.Cluster):
         # Deleting again is harmless.
         assert all(r.returncode == 0 for r in
                    c.run_many([(n, harness.launch_name(c, n)) for n in c.nodes], "delete").values())
+
+
+def test_ranks_get_the_container_env_files(workdir: Path):
+    """container.envFiles (CANN's set_env.sh in a real image) are sourced before the ranks start,
+    leniently (those scripts reference unset variables), and absent ones are skipped."""
+    env_file = workdir / "set_env.sh"
+    env_file.write_text('export ASCEND_PD_FROM_ENV_FILE="toolkit:${SOME_UNSET_VARIABLE}"\n'
+                        'export LD_LIBRARY_PATH=/opt/fake-cann/lib64:$LD_LIBRARY_PATH\n')
+    c = harness.Cluster("a3-4node", workdir / "envf", overrides={"container": {
+        "envFiles": [str(env_file), str(workdir / "absent.sh")]}})
+    node = "d1"
+    try:
+        r = c.run(node, harness.launch_name(c, node))
+        assert "1/1 ranks healthy" in r.stdout
+        (rank,) = harness.ranks_on(c, node)
+        env = harness.environ(c.pid(node, rank.name))
+        assert env["ASCEND_PD_FROM_ENV_FILE"] == "toolkit:"
+        # The stack's own LD_LIBRARY_PATH ($LD_LIBRARY_PATH:/usr/local/lib) builds on the sourced one.
+        assert env["LD_LIBRARY_PATH"].startswith("/opt/fake-cann/lib64:")
+        assert env["LD_LIBRARY_PATH"].endswith(":/usr/local/lib")
+    finally:
+        c.run(node, harness.launch_name(c, node), "delete", check=False)

@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # ascend-pd a2-8node: decode-0 ranks decode-0-r8, decode-0-r9, decode-0-r10, decode-0-r11, decode-0-r12, decode-0-r13, decode-0-r14, decode-0-r15 on d1
 set -euo pipefail
+# The environment an interactive shell in this container has (CANN's set_env.sh files).
+set +eu
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then . /usr/local/Ascend/ascend-toolkit/set_env.sh; fi
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ]; then . /usr/local/Ascend/nnal/atb/set_env.sh; fi
+set -eu
 
 alive() {  # alive PID: running and not a zombie
   local stat

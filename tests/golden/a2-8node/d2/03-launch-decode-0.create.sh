@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # ascend-pd a2-8node: decode-0 ranks decode-0-r16, decode-0-r17, decode-0-r18, decode-0-r19, decode-0-r20, decode-0-r21, decode-0-r22, decode-0-r23 on d2
 set -euo pipefail
+# The environment an interactive shell in this container has (CANN's set_env.sh files).
+set +eu
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then . /usr/local/Ascend/ascend-toolkit/set_env.sh; fi
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ]; then . /usr/local/Ascend/nnal/atb/set_env.sh; fi
+set -eu
 
 alive() {  # alive PID: running and not a zombie
   local stat

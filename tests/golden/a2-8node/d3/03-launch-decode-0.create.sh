@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # ascend-pd a2-8node: decode-0 ranks decode-0-r24, decode-0-r25, decode-0-r26, decode-0-r27, decode-0-r28, decode-0-r29, decode-0-r30, decode-0-r31 on d3
 set -euo pipefail
+# The environment an interactive shell in this container has (CANN's set_env.sh files).
+set +eu
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then . /usr/local/Ascend/ascend-toolkit/set_env.sh; fi
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ]; then . /usr/local/Ascend/nnal/atb/set_env.sh; fi
+set -eu
 
 alive() {  # alive PID: running and not a zombie
   local stat

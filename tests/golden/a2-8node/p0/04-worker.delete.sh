@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # ascend-pd a2-8node: openYuanrong worker 192.0.2.10:18481 (stop, clean) on p0
 set -euo pipefail
+# The environment an interactive shell in this container has (CANN's set_env.sh files).
+set +eu
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then . /usr/local/Ascend/ascend-toolkit/set_env.sh; fi
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ]; then . /usr/local/Ascend/nnal/atb/set_env.sh; fi
+set -eu
 
 worker_pids() {  # worker_pids ADDRESS: datasystem_worker processes serving exactly ADDRESS
   local d cmd

@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # ascend-pd a3-4node: prepare step 0: pip install on p0
 set -euo pipefail
+# The environment an interactive shell in this container has (CANN's set_env.sh files).
+set +eu
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then . /usr/local/Ascend/ascend-toolkit/set_env.sh; fi
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ]; then . /usr/local/Ascend/nnal/atb/set_env.sh; fi
+set -eu
 
 alive() {  # alive PID: running and not a zombie
   local stat
