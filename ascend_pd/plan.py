@@ -58,7 +58,8 @@ UNSET_ENV = (
 )
 # The worker's unix sockets live at <workdir>/datasystem/uds/<8 hex>/exclusiveConn, and a socket
 # path holds at most 107 bytes: a longer stateDir makes every worker exit at start.
-UDS_SUFFIX = "/yuanrong/datasystem/uds/01234567/exclusiveConn"
+WORKER_SUBDIR = "yuanrong"  # the worker's fixed working directory under stateDir
+UDS_SUFFIX = f"/{WORKER_SUBDIR}/datasystem/uds/01234567/exclusiveConn"
 UDS_PATH_MAX = 107
 
 PROXY_FLAGS = ("max-retries", "retry-delay", "max-waiting-retries", "waiting-retry-interval")
@@ -503,7 +504,7 @@ def _worker(cfg: StackConfig, node, etcd: EtcdPlan) -> WorkerPlan:
         argv += ["--enable_huge_tlb", "true"]
     for k, v in y.flags.items():
         argv += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
-    return WorkerPlan(node=node.name, address=address, workdir=f"{cfg.state_dir}/yuanrong", argv=tuple(argv))
+    return WorkerPlan(node=node.name, address=address, workdir=f"{cfg.state_dir}/{WORKER_SUBDIR}", argv=tuple(argv))
 
 
 def build_plan(cfg: StackConfig, stack: str) -> Plan:
