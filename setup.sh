@@ -7,9 +7,10 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 # etcd-server/etcd-client: a real etcd for the integration tests; shellcheck: lints every rendered
-# script; curl, procps, iproute2: used by the rendered scripts and the tests.
+# script; curl, procps, iproute2: used by the rendered scripts and the tests; numactl: the A3
+# worker starts under `dscli start --interleave`, which needs it.
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 numactl >/dev/null
 python3 -m venv venv
 venv/bin/pip install -q --upgrade pip
 venv/bin/pip install -q -r requirements-dev.txt

@@ -184,6 +184,12 @@ class Yuanrong(_Model):
     )
     interleave: Optional[str] = Field(None, description="numactl --interleave nodes, e.g. 0-7.")
     start_timeout_s: int = Field(600, ge=10, description="dscli start -t.")
+    start_attempts: int = Field(
+        3, ge=1, le=10,
+        description="dscli starts before giving up when the worker is killed while starting (right after a "
+        "restart its etcd thread can SIGKILL its own process while rejoining the pool); other start failures "
+        "fail at once.",
+    )
     stop_timeout_s: int = Field(
         120, ge=5, description="Bound on dscli stop before the worker is killed (dscli's own can be hours)."
     )

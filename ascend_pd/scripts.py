@@ -27,6 +27,7 @@ POLL_S = 5
 # to that proxy, never see the service healthy, and stop it at the deadline.
 CURL = "curl --noproxy '*'"
 WORKER_KILL_GRACE_S = 15  # after dscli stop gave up: TERM, then KILL after this
+WORKER_RETRY_PAUSE_S = 5  # between a worker killed while starting and the next dscli start
 
 
 @dataclass(frozen=True)
@@ -410,16 +411,39 @@ cd {q(w.workdir)}
 rm -f {q(liveness)}
 # dscli start returns once the worker is ready and kills it itself after -t seconds. stdin from
 # /dev/null: the worker inherits it and must not hold (or read) the pipe this script arrives on.
-if ! timeout {y.start_timeout_s + 60} {start} > {q(log)} 2>&1 < /dev/null; then
+attempt=1
+until timeout {y.start_timeout_s + 60} {start} > {q(log)} 2>&1 < /dev/null; do
   for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
-  tail -n {LOG_TAIL} {q(w.workdir)}/datasystem/logs/*.INFO* >> {q(log)} 2>/dev/null || true
-  fail_with_log {q(log)} "openYuanrong worker {w.address} failed to start (dscli start -t {y.start_timeout_s})"
-fi
+  deadline=$((SECONDS + {WORKER_KILL_GRACE_S}))
+  while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+  # Killed by a signal while starting (dscli: "exited with code -9"): right after a restart the
+  # worker's own etcd thread can SIGKILL it as it rejoins the pool (seen in 2 of ~135 restarts on
+  # a loaded machine). A fresh start succeeds; anything else (a bad flag, a timeout) fails again.
+  if [ "$attempt" -lt {y.start_attempts} ] && grep -qs 'Worker exited with code -[0-9]' {q(log)}; then
+    echo "worker {w.address}: killed while starting (attempt $attempt of {y.start_attempts}): starting again"
+    mv -f {q(log)} {q(log)}.$attempt
+    attempt=$((attempt + 1))
+    sleep {WORKER_RETRY_PAUSE_S}
+    continue
+  fi
+  {{
+    echo "openYuanrong worker {w.address} failed to start (dscli start -t {y.start_timeout_s}, attempt $attempt of {y.start_attempts})"
+    echo "--- dscli start ({log}):"
+    grep -vF '[INFO] Starting with numactl command:' {q(log)} | tail -n {LOG_TAIL} || true
+    echo "--- last warnings and errors of the worker log ({w.workdir}/datasystem/logs):"
+    grep -hs ' | [WEF] | ' {q(w.workdir)}/datasystem/logs/*.INFO* | tail -n {LOG_TAIL} || true
+  }} >&2
+  exit 1
+done
 deadline=$((SECONDS + 30))
 until grep -qs 'liveness check success' {q(liveness)}; do
   if [ "$SECONDS" -ge "$deadline" ]; then fail_with_log {q(log)} "worker {w.address} never wrote a successful {liveness}"; fi
   sleep 1
 done
+# The liveness file outlives its writer: only a worker still running counts as started.
+if [ -z "$(worker_pids {q(w.address)})" ]; then
+  fail_with_log {q(w.workdir)}/datasystem/logs/datasystem_worker.INFO.log "worker {w.address} exited right after it became ready"
+fi
 echo {spec} > {q(specfile)}
 echo "worker {w.address}: ready, registered with etcd {plan.etcd.endpoint}"
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -163,6 +164,64 @@ def test_killed_worker_is_restarted_by_create_alone(pool: harness.Cluster):
     assert harness.kv(c, node, "set", "after-crash", "z").returncode == 0
     got = harness.kv(c, "p1", "get", "after-crash")
     assert got.returncode == 0 and got.stdout.strip() == "z", got.stderr
+
+
+def test_worker_killed_while_starting_is_started_again(pool: harness.Cluster):
+    """The worker can be SIGKILLed while it (re)joins the pool (seen on a loaded machine right after a
+    restart): create starts it again, up to yuanrong.startAttempts, instead of failing the deploy."""
+    c = pool
+    node = "d0"
+    c.run(node, "worker", "delete")
+    address = addresses(c)[node]
+    killed: list[int] = []
+
+    def kill_first_worker():
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for pid in harness.worker_pids(address):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_first_worker)
+    killer.start()
+    try:
+        r = c.run(node, "worker")
+    finally:
+        killer.join()
+    assert killed, "the worker never appeared"
+    assert f"worker {address}: killed while starting (attempt 1 of 3): starting again" in r.stdout
+    assert "ready, registered" in r.stdout
+    pid = the_worker(c, node)
+    assert pid != killed[0]
+    assert liveness_ok(c, node)
+    # The first attempt's dscli output is kept beside the log of the attempt that worked.
+    logs = Path(c.plans[node].cfg.state_dir) / "logs"
+    assert "Worker exited with code -9" in (logs / "dscli-start.log.1").read_text()
+    assert harness.kv(c, node, "set", "after-retry", "r").returncode == 0
+    got = harness.kv(c, "p1", "get", "after-retry")
+    assert got.returncode == 0 and got.stdout.strip() == "r", got.stderr
+
+
+def test_worker_that_cannot_start_fails_at_once_with_the_reason(pool: harness.Cluster):
+    """A start failure that is not a kill (here a flag the worker rejects) is not retried: create
+    fails within seconds and its error carries dscli's and the worker's own words."""
+    c = pool
+    node = "d0"
+    bad = harness.Cluster(c.stack, c.tmp, overrides={"yuanrong": {"flags": {"no_such_worker_flag": 1}}})
+    r = bad.run(node, "worker", check=False)
+    assert r.returncode == 1
+    assert "running with older flags: restarting" in r.stdout
+    assert "starting again" not in r.stdout
+    assert f"openYuanrong worker {addresses(c)[node]} failed to start" in r.stderr
+    assert "attempt 1 of 3" in r.stderr
+    assert "unknown command line flag 'no_such_worker_flag'" in r.stderr
+    assert "Starting with numactl command" not in r.stderr  # dscli's whole argv line stays in the log
+    assert r.elapsed < 30, r.elapsed
+    assert not harness.worker_pids(addresses(c)[node])
+    # The stack's own script brings it back.
+    assert "ready, registered" in c.run(node, "worker").stdout
+    assert liveness_ok(c, node)
 
 
 def test_delete_of_a_hung_worker_is_bounded(pool: harness.Cluster):

@@ -93,7 +93,8 @@ cd /workspace/ascend-pd/yuanrong
 rm -f /workspace/liveness
 # dscli start returns once the worker is ready and kills it itself after -t seconds. stdin from
 # /dev/null: the worker inherits it and must not hold (or read) the pipe this script arrives on.
-if ! timeout 660 env -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR dscli start -t 600 --interleave 0-7 -w \
+attempt=1
+until timeout 660 env -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR dscli start -t 600 --interleave 0-7 -w \
   --worker_address 192.0.2.40:18481 \
   --etcd_address 192.0.2.30:2379 \
   --shared_memory_size_mb 512000 \
@@ -101,15 +102,37 @@ if ! timeout 660 env -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u g
   --node_dead_timeout_s 30 \
   --liveness_check_path /workspace/liveness \
   --arena_per_tenant 1 \
-  --enable_huge_tlb true > /workspace/ascend-pd/logs/dscli-start.log 2>&1 < /dev/null; then
+  --enable_huge_tlb true > /workspace/ascend-pd/logs/dscli-start.log 2>&1 < /dev/null; do
   for pid in $(worker_pids 192.0.2.40:18481); do kill -KILL "$pid" 2>/dev/null || true; done
-  tail -n 50 /workspace/ascend-pd/yuanrong/datasystem/logs/*.INFO* >> /workspace/ascend-pd/logs/dscli-start.log 2>/dev/null || true
-  fail_with_log /workspace/ascend-pd/logs/dscli-start.log "openYuanrong worker 192.0.2.40:18481 failed to start (dscli start -t 600)"
-fi
+  deadline=$((SECONDS + 15))
+  while [ -n "$(worker_pids 192.0.2.40:18481)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+  # Killed by a signal while starting (dscli: "exited with code -9"): right after a restart the
+  # worker's own etcd thread can SIGKILL it as it rejoins the pool (seen in 2 of ~135 restarts on
+  # a loaded machine). A fresh start succeeds; anything else (a bad flag, a timeout) fails again.
+  if [ "$attempt" -lt 3 ] && grep -qs 'Worker exited with code -[0-9]' /workspace/ascend-pd/logs/dscli-start.log; then
+    echo "worker 192.0.2.40:18481: killed while starting (attempt $attempt of 3): starting again"
+    mv -f /workspace/ascend-pd/logs/dscli-start.log /workspace/ascend-pd/logs/dscli-start.log.$attempt
+    attempt=$((attempt + 1))
+    sleep 5
+    continue
+  fi
+  {
+    echo "openYuanrong worker 192.0.2.40:18481 failed to start (dscli start -t 600, attempt $attempt of 3)"
+    echo "--- dscli start (/workspace/ascend-pd/logs/dscli-start.log):"
+    grep -vF '[INFO] Starting with numactl command:' /workspace/ascend-pd/logs/dscli-start.log | tail -n 50 || true
+    echo "--- last warnings and errors of the worker log (/workspace/ascend-pd/yuanrong/datasystem/logs):"
+    grep -hs ' | [WEF] | ' /workspace/ascend-pd/yuanrong/datasystem/logs/*.INFO* | tail -n 50 || true
+  } >&2
+  exit 1
+done
 deadline=$((SECONDS + 30))
 until grep -qs 'liveness check success' /workspace/liveness; do
   if [ "$SECONDS" -ge "$deadline" ]; then fail_with_log /workspace/ascend-pd/logs/dscli-start.log "worker 192.0.2.40:18481 never wrote a successful /workspace/liveness"; fi
   sleep 1
 done
+# The liveness file outlives its writer: only a worker still running counts as started.
+if [ -z "$(worker_pids 192.0.2.40:18481)" ]; then
+  fail_with_log /workspace/ascend-pd/yuanrong/datasystem/logs/datasystem_worker.INFO.log "worker 192.0.2.40:18481 exited right after it became ready"
+fi
 echo e9624e7d0e7a71e7 > /workspace/ascend-pd/run/worker.spec
 echo "worker 192.0.2.40:18481: ready, registered with etcd 192.0.2.30:2379"
