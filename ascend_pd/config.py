@@ -203,10 +203,16 @@ class Etcd(_Model):
     client_port: int = Field(2379, ge=1024, le=65535)
     peer_port: int = Field(2380, ge=1024, le=65535)
     data_dir: str = Field("/tmp/etcd-data", description="Removed on destroy (stale data breaks restarts).")
-    binary: str = Field("etcd", description="etcd executable inside the container.")
+    binary: str = Field("etcd", description="etcd executable inside the container (or the image).")
     version: str = Field(
-        "v3.5.12", description="Release installed from github.com/etcd-io if `binary` is missing."
+        "v3.5.12", description="Release installed from github.com/etcd-io if `binary` is missing (binary mode only)."
     )
+    image: Optional[str] = Field(
+        None,
+        description="Run etcd in its own container from this image (e.g. quay.io/coreos/etcd:v3.5.12) on the "
+        "etcd node instead of as a binary in the node's NPU container; its data lives and dies with that container.",
+    )
+    container_name: str = Field("ascend-pd-etcd", description="Name of the etcd container (image mode).")
     start_timeout_s: int = Field(60, ge=5)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Optional
 
 from .config import Role, StackConfig, docker_size_mib, step_name
 from .errors import ConfigError, Problem, setting
@@ -131,6 +132,8 @@ class EtcdPlan:
     peer_port: int
     data_dir: str
     argv: tuple[str, ...]
+    image: Optional[str] = None  # its own container from this image, else a binary in the NPU container
+    container_name: Optional[str] = None  # of that container
 
     @property
     def endpoint(self) -> str:
@@ -301,6 +304,20 @@ def _validate(cfg: StackConfig) -> list[Problem]:
         p.append(Problem(setting("container", "shmSize"),
                          f"{cfg.container.shm_size} is smaller than the worker's sharedMemoryMb {y.shared_memory_mb} MiB",
                          f"set shmSize to at least {-(-y.shared_memory_mb // 1024)}g"))
+    # Compared with the defaults, not with what was written: a full dump of a config stays valid.
+    e, etcd_defaults = cfg.etcd, type(cfg.etcd).model_fields
+    if e.image is not None:
+        if e.version != etcd_defaults["version"].default:
+            p.append(Problem(setting("etcd", "version"), "only picks the release installed in binary mode; "
+                             f"with etcd.image the image ({e.image}) fixes the version",
+                             "remove etcd.version, or remove etcd.image to install that release"))
+        if e.container_name == cfg.container.name:
+            p.append(Problem(setting("etcd", "containerName"),
+                             f"{e.container_name!r} is also the NPU container's name (container.name)",
+                             "give the etcd container its own name"))
+    elif e.container_name != etcd_defaults["container_name"].default:
+        p.append(Problem(setting("etcd", "containerName"), "only used with etcd.image",
+                         "set etcd.image, or remove etcd.containerName"))
     for j, dev in enumerate(y.rh2d_device_ids):
         if not 0 <= dev < cfg.npus:
             p.append(Problem(setting("yuanrong", "rh2dDeviceIds", j), f"device {dev} does not exist",
@@ -516,6 +533,7 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     ea = nodes[e.node].address
     etcd = EtcdPlan(
         node=e.node, address=ea, client_port=e.client_port, peer_port=e.peer_port, data_dir=e.data_dir,
+        image=e.image, container_name=e.container_name if e.image else None,
         argv=(
             e.binary,
             "--name", "etcd-single",

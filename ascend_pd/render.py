@@ -30,7 +30,8 @@ def summary(plan: Plan) -> str:
         f"proxy   {p.url}  on {p.node}",
         "  prefillers: " + " ".join(f"{h}:{port}" for h, port in p.prefillers),
         "  decoders:   " + " ".join(f"{h}:{port}" for h, port in p.decoders),
-        f"etcd    {plan.etcd.client_url}  on {plan.etcd.node}",
+        f"etcd    {plan.etcd.client_url}  on {plan.etcd.node}"
+        + (f" (container {plan.etcd.container_name}, image {plan.etcd.image})" if plan.etcd.image else ""),
         "workers " + " ".join(w.address for w in plan.workers),
     ]
     return "\n".join(lines)

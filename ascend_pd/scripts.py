@@ -241,7 +241,7 @@ echo "openYuanrong Datasystem ready on {node}"
 """.replace("set -euo pipefail\n", "set -euo pipefail\n" + LIB, 1),
         _header(plan, node, "openYuanrong package") + keep,
     ))
-    if node == plan.etcd.node:
+    if node == plan.etcd.node and plan.etcd.image is None:
         e = cfg.etcd
         steps.append(Script(
             "install-etcd", node, "container",
@@ -327,12 +327,18 @@ rm -f {base} {applied}
 # etcd (container on the etcd node)
 
 
+def _etcd_health(e) -> str:
+    return f"{CURL} -fsS -m 3 {e.client_url}/health 2>/dev/null | grep -q '\"health\":\"true\"'"
+
+
 def etcd(plan: Plan) -> Script:
+    if plan.etcd.image is not None:
+        return _etcd_in_own_container(plan)
     e, cfg = plan.etcd, plan.cfg.etcd
     run, logs = _dirs(plan)
     pidfile, log = f"{run}/etcd.pid", f"{logs}/etcd.log"
     start = _background((), e.argv, log)
-    health = f"{CURL} -fsS -m 3 {e.client_url}/health 2>/dev/null | grep -q '\"health\":\"true\"'"
+    health = _etcd_health(e)
     create = _header(plan, e.node, f"etcd {e.endpoint}") + LIB + f"""
 mkdir -p {q(run)} {q(logs)}
 {_managed_start("etcd", run, log, start, 30)}
@@ -352,6 +358,30 @@ stop_pidfiles 30 {q(pidfile)}
 # Stale member data makes the next start fail or resurrect old worker registrations (seed FAQ).
 rm -rf {q(e.data_dir)}
 echo "etcd stopped, {e.data_dir} removed"
+"""
+    return Script("etcd", e.node, "container", create, delete)
+
+
+def _etcd_in_own_container(plan: Plan) -> Script:
+    """Image mode: docker (EtcdSingle) runs etcd in its own container; this gate waits for it from the
+    NPU container, which shares the host network and has curl (the etcd image is distroless)."""
+    e, cfg = plan.etcd, plan.cfg.etcd
+    where = f"container {e.container_name} ({e.image})"
+    create = _header(plan, e.node, f"etcd {e.endpoint} in {where}: health gate") + f"""
+deadline=$((SECONDS + {cfg.start_timeout_s}))
+until {_etcd_health(e)}; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "etcd in {where} not healthy at {e.client_url}/health within {cfg.start_timeout_s}s" >&2
+    echo "its log: docker logs {e.container_name} (on {e.node})" >&2
+    exit 1
+  fi
+  sleep 1
+done
+echo "etcd healthy at {e.client_url}"
+"""
+    delete = _header(plan, e.node, "etcd health gate") + f"""
+# Destroying the etcd container removes etcd and its data dir {e.data_dir} with it.
+echo "etcd in {where}: removed with its container"
 """
     return Script("etcd", e.node, "container", create, delete)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
+import pulumi_docker as docker
 from pulumi_command import remote
 
 from ascend_pd.plan import EtcdPlan
@@ -15,9 +16,17 @@ from .transport import container_command
 
 
 class EtcdSingle(pulumi.ComponentResource):
-    """etcd inside the etcd node's container, started after that container is prepared."""
+    """etcd on the etcd node, health-gated before anything depends on it.
 
-    command: remote.Command
+    Binary mode (default): `script` starts etcd inside the node's NPU container after that container
+    is prepared, and its delete stops etcd and removes the data dir.
+    Image mode (`etcd.image`): etcd runs in its own container (host network, the plan's argv as its
+    command, data inside it, so replacing or destroying it also discards the data) and `script` is
+    the health gate, run from the NPU container.
+    """
+
+    command: remote.Command  # what the workers wait for: etcd healthy
+    container: Optional[docker.Container]
     endpoint: str
 
     def __init__(
@@ -31,7 +40,30 @@ class EtcdSingle(pulumi.ComponentResource):
     ) -> None:
         super().__init__("ascend-pd:index:EtcdSingle", name, None, opts)
         self.endpoint = etcd.endpoint
+        self.container = None
+        depends_on: list[pulumi.Resource] = [npu.ready]
+        triggers: list[pulumi.Input] = []
+        if etcd.image is not None:
+            on_node = pulumi.ResourceOptions(parent=self, provider=npu.provider)
+            image = docker.RemoteImage(f"{etcd.node}-etcd-image", name=etcd.image, keep_locally=True, opts=on_node)
+            self.container = docker.Container(
+                f"{etcd.node}-etcd-container",
+                name=etcd.container_name,
+                image=image.image_id,
+                network_mode="host",
+                command=list(etcd.argv),
+                must_run=True,
+                # The name is fixed: the old container must be gone before the new one is created.
+                opts=pulumi.ResourceOptions.merge(on_node, pulumi.ResourceOptions(delete_before_replace=True)),
+            )
+            depends_on.append(self.container)
+            triggers.append(self.container.id)
         self.command = container_command(
-            f"{etcd.node}-etcd", npu=npu, script=script, parent=self, depends_on=[npu.ready]
+            f"{etcd.node}-etcd", npu=npu, script=script, parent=self, depends_on=depends_on, triggers=triggers
         )
-        self.register_outputs({"node": etcd.node, "endpoint": etcd.endpoint, "stdout": self.command.stdout})
+        self.register_outputs({
+            "node": etcd.node,
+            "endpoint": etcd.endpoint,
+            "image": etcd.image,
+            "stdout": self.command.stdout,
+        })

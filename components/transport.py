@@ -64,11 +64,13 @@ def container_command(
     script: Script,
     parent: pulumi.Resource,
     depends_on: Sequence[pulumi.Resource] = (),
+    triggers: Sequence[pulumi.Input] = (),
 ) -> remote.Command:
     """A script that runs inside the node's NPU container (`docker exec -i <name> bash -s`).
 
-    triggers=[container.id]: a new container (new image, new mounts, ...) starts empty, so
-    everything that ran in the old one must run again: the Command is replaced.
+    triggers=[container.id, *triggers]: a new container (new image, new mounts, ...) starts empty,
+    so everything that ran in the old one must run again: the Command is replaced. Extra triggers
+    replace it when something else it checks is replaced (the etcd container in image mode).
 
     delete_before_replace=True: the container name is fixed, so `docker exec <name>` always
     reaches whichever container currently has that name. With Pulumi's default
@@ -86,7 +88,7 @@ def container_command(
         connection=npu.connection,
         create=in_container(npu.container_name, script.create),
         delete=in_container(npu.container_name, script.delete, missing_ok=True),
-        triggers=[npu.container.id],
+        triggers=[npu.container.id, *triggers],
         opts=pulumi.ResourceOptions(
             parent=parent,
             depends_on=list(depends_on),

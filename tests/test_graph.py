@@ -30,8 +30,9 @@ from pulumi_harness import (
 
 from ascend_pd import scripts
 from ascend_pd.probes import probes
-from ascend_pd.loader import load_stack
+from ascend_pd.loader import load_config, load_stack
 from ascend_pd.plan import build_plan
+from ascend_pd.render import summary
 
 STACKS = ("a2-8node", "a3-4node")
 COMPONENT_TYPES = {
@@ -486,3 +487,72 @@ def test_shm_size_mb(size, mib):
     from ascend_pd.config import docker_size_mib as shm_size_mb
 
     assert shm_size_mb(size) == mib
+
+
+# ---------------------------------------------------------------------------------------------
+# etcd in its own container (etcd.image)
+
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.12"
+
+
+def _etcd_image(obj):
+    obj["image"] = ETCD_IMAGE
+
+
+def test_etcd_image_mode_runs_etcd_in_its_own_container():
+    stack = "a3-4node"
+    run = run_program(with_object(stack, "etcd", _etcd_image), stack=stack)
+    assert run.error is None, run.error
+    raw = with_object(stack, "etcd", _etcd_image)
+    plan = build_plan(load_config({k.split(":", 1)[1]: v for k, v in raw.items()}), stack)
+    node = plan.etcd.node
+    etcd = run.named(f"{node}-etcd")
+    container = run.named(f"{node}-etcd-container")
+    image = run.named(f"{node}-etcd-image")
+    # On the etcd node's docker daemon, beside (not inside) its NPU container.
+    provider = run.named(f"{node}-docker")
+    assert container.provider.startswith(provider.urn) and image.provider.startswith(provider.urn)
+    assert container.parent == image.parent == components(run, "EtcdSingle")[0].urn
+    assert image.inputs["name"] == ETCD_IMAGE and image.inputs["keepLocally"] is True
+    assert container.inputs["name"] == "ascend-pd-etcd"
+    assert container.inputs["image"] == f"sha256:{node}-etcd-image"
+    assert container.inputs["networkMode"] == "host"
+    # The plan's argv is the container's command, URLs on the etcd node's address.
+    assert container.inputs["command"] == list(plan.etcd.argv)
+    assert f"http://{plan.etcd.address}:{plan.etcd.client_port}" in container.inputs["command"]
+    assert container.delete_before_replace
+    # Nothing installs the etcd binary; the health gate waits for the container, is replaced with it,
+    # and the workers wait for the gate.
+    assert not [r for r in run.of_type(COMMAND) if r.name.endswith("install-etcd")]
+    assert run.waits_for(etcd, container)
+    assert f"{node}-etcd-container-id" in etcd.inputs["triggers"]
+    assert "docker logs ascend-pd-etcd" in etcd.inputs["create"]
+    assert "nohup" not in etcd.inputs["create"]  # the gate starts nothing
+    for n in plan.nodes:
+        assert run.waits_for(run.named(f"{n.name}-worker"), container)
+    # Binary mode (the committed stacks) has no etcd container.
+    assert not [r for r in baseline(stack).of_type(CONTAINER) if r.name.endswith("etcd-container")]
+
+
+def test_etcd_image_change_touches_only_etcd():
+    stack = "a3-4node"
+    base = run_program(with_object(stack, "etcd", _etcd_image), stack=stack)
+    newer = run_program(with_object(stack, "etcd", lambda o: o.update(image="quay.io/coreos/etcd:v3.5.17")), stack=stack)
+    node = plan_of(stack).etcd.node
+    # The image and the health gate (its messages name the image) change; under the engine the new
+    # image id also replaces the container, whose new id replaces the gate (trigger). Nothing else.
+    assert _changed(base, newer) == {f"{node}-etcd-image", f"{node}-etcd"}
+
+
+def test_etcd_image_mode_plan_render_and_scripts():
+    raw = with_object("a3-4node", "etcd", _etcd_image)
+    plan = build_plan(load_config({k.split(":", 1)[1]: v for k, v in raw.items()}), "a3-4node")
+    binary = plan_of("a3-4node")
+    assert plan.etcd.argv == binary.etcd.argv and binary.etcd.image is None
+    assert f"on p0 (container ascend-pd-etcd, image {ETCD_IMAGE})" in summary(plan)
+    assert "container ascend-pd-etcd" not in summary(binary)
+    gate = scripts.etcd(plan)
+    assert gate.where == "container" and f"{plan.etcd.client_url}/health" in gate.create
+    assert "rm -rf" not in gate.delete  # the data dir goes with the etcd container
+    assert [s.name for s in scripts.prepare(binary, "p0")].count("install-etcd") == 1
+    assert "install-etcd" not in [s.name for s in scripts.prepare(plan, "p0")]

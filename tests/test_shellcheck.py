@@ -59,3 +59,17 @@ def test_every_script_is_strict(stack: str):
             continue
         assert text.startswith("#!/usr/bin/env bash\n"), name
         assert "\nset -euo pipefail\n" in text, name
+
+
+def test_etcd_image_mode_gate_passes_shellcheck(tmp_path: Path):
+    cfg = load_stack("a3-4node")
+    cfg = cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update={"image": "quay.io/coreos/etcd:v3.5.12"})})
+    gate = scripts.etcd(build_plan(cfg, "a3-4node"))
+    assert "docker logs" in gate.create
+    for kind in ("create", "delete"):
+        text = getattr(gate, kind)
+        assert "\nset -euo pipefail\n" in text
+        (tmp_path / f"{kind}.sh").write_text(text)
+    proc = subprocess.run(["shellcheck", "--shell=bash", "--severity=style", "create.sh", "delete.sh"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -52,6 +52,14 @@ CASES = {
         lambda d: d["prefill"].update(nodes=["p0", "p9"]), "ascend-pd:prefill.nodes[1]", "unknown node 'p9'"),
     "unknown etcd node": (
         lambda d: d["etcd"].update(node="x"), "ascend-pd:etcd.node", "unknown node 'x'"),
+    "etcd version with an image": (
+        lambda d: d["etcd"].update(image="quay.io/coreos/etcd:v3.5.12", version="v3.5.17"),
+        "ascend-pd:etcd.version", "the image (quay.io/coreos/etcd:v3.5.12) fixes the version"),
+    "etcd container named like the NPU container": (
+        lambda d: d["etcd"].update(image="quay.io/coreos/etcd:v3.5.12", containerName=d["container"]["name"]),
+        "ascend-pd:etcd.containerName", "also the NPU container's name"),
+    "etcd container name without an image": (
+        lambda d: d["etcd"].update(containerName="my-etcd"), "ascend-pd:etcd.containerName", "only used with etcd.image"),
     "unknown proxy node": (
         lambda d: d["proxy"].update(node="x"), "ascend-pd:proxy.node", "unknown node 'x'"),
     "prefill kv_port inside AscendDirect range": (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import etcd3gw
@@ -99,3 +101,32 @@ def test_etcd_that_cannot_start_fails_with_its_log(cluster: harness.Cluster):
     assert "--- last lines of" in r.stderr and "address already in use" in r.stderr
     assert not harness.processes_matching([e.data_dir])
     cluster.run(node, "etcd", "delete")
+
+
+def test_image_mode_gate_waits_for_the_container_command(cluster: harness.Cluster):
+    """etcd.image: docker runs the plan's argv as the etcd container's command. There is no docker
+    engine here, so the test starts that very argv itself; the rendered health gate, run as in the
+    NPU container, fails within its deadline naming the container's log while etcd is down, passes
+    once it is healthy, and its delete leaves etcd alone (removing the container is docker's job)."""
+    img = harness.Cluster(cluster.stack, cluster.tmp,
+                          overrides={"etcd": {"image": "quay.io/coreos/etcd:v3.5.12", "startTimeoutS": 5}})
+    node, e = img.etcd_node, img.any_plan.etcd
+    assert e.argv == cluster.any_plan.etcd.argv  # same etcd either way
+
+    down = img.run(node, "etcd", check=False)
+    assert down.returncode == 1
+    assert 4 <= down.elapsed < 15, down.elapsed  # bash's whole-second $SECONDS: up to 1 s short of 5
+    assert "not healthy" in down.stderr and "docker logs ascend-pd-etcd" in down.stderr
+    assert not harness.processes_matching([e.data_dir])  # the gate starts nothing itself
+
+    etcd = subprocess.Popen(list(e.argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        up = img.run(node, "etcd")
+        assert "etcd healthy at" in up.stdout
+        assert img.run(node, "etcd", "delete").returncode == 0
+        assert etcd.poll() is None
+    finally:
+        etcd.terminate()
+        etcd.wait(timeout=10)
+    shutil.rmtree(e.data_dir, ignore_errors=True)
