@@ -402,7 +402,26 @@ worker_pids() {  # worker_pids ADDRESS: datasystem_worker processes serving exac
     case " $cmd" in *" --worker_address=$1 "*) echo "${d#/proc/}" ;; esac
   done
 }
-"""
+signal_worker() {  # signal_worker SIGNAL ADDRESS SECONDS: signal it, then wait up to SECONDS for it to exit
+  local deadline=$((SECONDS + $3)) pid
+  for pid in $(worker_pids "$2"); do kill "-$1" "$pid" 2>/dev/null || true; done
+  while [ -n "$(worker_pids "$2")" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+}
+stop_worker() {  # stop_worker ADDRESS STOP_TIMEOUT: dscli stop (bounded), TERM, KILL; 1 if it survives
+  [ -n "$(worker_pids "$1")" ] || return 0
+  # dscli stop's own wait is 180 s + shared memory / 40 s (hours at 500 GB): bound it.
+  if ! timeout "$2" dscli stop --worker_address "$1"; then
+    echo "dscli stop failed or did not finish within $2s: terminating the worker" >&2
+  fi
+  signal_worker TERM "$1" __GRACE__
+  # KILL is asynchronous: the worker holds its port and files until it is gone.
+  signal_worker KILL "$1" 10
+  if [ -n "$(worker_pids "$1")" ]; then
+    echo "worker $1 (pid $(worker_pids "$1" | tr '\n' ' ')) survived KILL" >&2
+    return 1
+  fi
+}
+""".replace("__GRACE__", str(WORKER_KILL_GRACE_S))
 
 
 def worker(plan: Plan, node: str) -> Script:
@@ -421,6 +440,7 @@ def worker(plan: Plan, node: str) -> Script:
     spec = _spec(start)
     specfile = f"{run}/worker.spec"
     log = f"{logs}/dscli-start.log"
+    worker_log = f"{w.workdir}/datasystem/logs/datasystem_worker.INFO.log"  # dscli's ./datasystem, from workdir
     liveness = y.liveness_path
     create = _header(plan, node, f"openYuanrong worker {w.address}", cann_env=True) + LIB + WORKER_LIB + f"""
 mkdir -p {q(run)} {q(logs)} {q(w.workdir)}
@@ -430,11 +450,7 @@ if [ -n "$(worker_pids {q(w.address)})" ]; then
     exit 0
   fi
   echo "worker {w.address}: running with older flags: restarting"
-  timeout {y.stop_timeout_s} dscli stop --worker_address {q(w.address)} || true
-  for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
-  # KILL is asynchronous: the new worker cannot bind {w.address} while the old one holds it.
-  deadline=$((SECONDS + {WORKER_KILL_GRACE_S}))
-  while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+  stop_worker {q(w.address)} {y.stop_timeout_s}
 fi
 # dscli resolves ./datasystem (logs, rocksdb, uds) against the current directory: always the same one.
 cd {q(w.workdir)}
@@ -443,9 +459,7 @@ rm -f {q(liveness)}
 # /dev/null: the worker inherits it and must not hold (or read) the pipe this script arrives on.
 attempt=1
 until timeout {y.start_timeout_s + 60} {start} > {q(log)} 2>&1 < /dev/null; do
-  for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
-  deadline=$((SECONDS + {WORKER_KILL_GRACE_S}))
-  while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+  signal_worker KILL {q(w.address)} {WORKER_KILL_GRACE_S}
   # Killed by a signal while starting (dscli: "exited with code -9"): right after a restart the
   # worker's own etcd thread can SIGKILL it as it rejoins the pool (seen in 2 of ~135 restarts on
   # a loaded machine). A fresh start succeeds; anything else (a bad flag, a timeout) fails again.
@@ -460,8 +474,8 @@ until timeout {y.start_timeout_s + 60} {start} > {q(log)} 2>&1 < /dev/null; do
     echo "openYuanrong worker {w.address} failed to start (dscli start -t {y.start_timeout_s}, attempt $attempt of {y.start_attempts})"
     echo "--- dscli start ({log}):"
     grep -vF '[INFO] Starting with numactl command:' {q(log)} | tail -n {LOG_TAIL} || true
-    echo "--- last warnings and errors of the worker log ({w.workdir}/datasystem/logs):"
-    grep -hs ' | [WEF] | ' {q(w.workdir)}/datasystem/logs/*.INFO* | tail -n {LOG_TAIL} || true
+    echo "--- last warnings and errors of {worker_log}:"
+    grep -s ' | [WEF] | ' {q(worker_log)} | tail -n {LOG_TAIL} || true
   }} >&2
   exit 1
 done
@@ -472,30 +486,15 @@ until grep -qs 'liveness check success' {q(liveness)}; do
 done
 # The liveness file outlives its writer: only a worker still running counts as started.
 if [ -z "$(worker_pids {q(w.address)})" ]; then
-  fail_with_log {q(w.workdir)}/datasystem/logs/datasystem_worker.INFO.log "worker {w.address} exited right after it became ready"
+  fail_with_log {q(worker_log)} "worker {w.address} exited right after it became ready"
 fi
 echo {spec} > {q(specfile)}
 echo "worker {w.address}: ready, registered with etcd {plan.etcd.endpoint}"
 """
     delete = _header(plan, node, f"openYuanrong worker {w.address} (stop, clean)", cann_env=True) + WORKER_LIB + f"""
-if [ -n "$(worker_pids {q(w.address)})" ]; then
-  cd {q(w.workdir)} 2>/dev/null || true
-  # dscli stop's own wait is 180 s + shared memory / 40 s (hours at 500 GB): bound it.
-  if ! timeout {y.stop_timeout_s} dscli stop --worker_address {q(w.address)}; then
-    echo "dscli stop failed or did not finish within {y.stop_timeout_s}s: terminating the worker" >&2
-  fi
-  for pid in $(worker_pids {q(w.address)}); do kill -TERM "$pid" 2>/dev/null || true; done
-  deadline=$((SECONDS + {WORKER_KILL_GRACE_S}))
-  while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
-  for pid in $(worker_pids {q(w.address)}); do kill -KILL "$pid" 2>/dev/null || true; done
-  # KILL is asynchronous: report success only once the worker is gone (its files go next).
-  deadline=$((SECONDS + 10))
-  while [ -n "$(worker_pids {q(w.address)})" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
-  if [ -n "$(worker_pids {q(w.address)})" ]; then
-    echo "worker {w.address} (pid $(worker_pids {q(w.address)} | tr '\\n' ' ')) survived KILL" >&2
-    exit 1
-  fi
-fi
+cd {q(w.workdir)} 2>/dev/null || true
+# Its files go only once it is gone (stop_worker fails the delete otherwise).
+stop_worker {q(w.address)} {y.stop_timeout_s}
 # Stale rocksdb metadata and client logs cause 'key not found' after an unclean stop (seed FAQ).
 rm -rf {q(w.workdir)}/datasystem "$HOME/.datasystem" {q(liveness)} {q(specfile)}
 echo "worker {w.address}: stopped and cleaned"

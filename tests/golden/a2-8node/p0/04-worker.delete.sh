@@ -20,25 +20,29 @@ worker_pids() {  # worker_pids ADDRESS: datasystem_worker processes serving exac
     case " $cmd" in *" --worker_address=$1 "*) echo "${d#/proc/}" ;; esac
   done
 }
-
-if [ -n "$(worker_pids 192.0.2.10:18481)" ]; then
-  cd /workspace/ascend-pd/yuanrong 2>/dev/null || true
+signal_worker() {  # signal_worker SIGNAL ADDRESS SECONDS: signal it, then wait up to SECONDS for it to exit
+  local deadline=$((SECONDS + $3)) pid
+  for pid in $(worker_pids "$2"); do kill "-$1" "$pid" 2>/dev/null || true; done
+  while [ -n "$(worker_pids "$2")" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+}
+stop_worker() {  # stop_worker ADDRESS STOP_TIMEOUT: dscli stop (bounded), TERM, KILL; 1 if it survives
+  [ -n "$(worker_pids "$1")" ] || return 0
   # dscli stop's own wait is 180 s + shared memory / 40 s (hours at 500 GB): bound it.
-  if ! timeout 120 dscli stop --worker_address 192.0.2.10:18481; then
-    echo "dscli stop failed or did not finish within 120s: terminating the worker" >&2
+  if ! timeout "$2" dscli stop --worker_address "$1"; then
+    echo "dscli stop failed or did not finish within $2s: terminating the worker" >&2
   fi
-  for pid in $(worker_pids 192.0.2.10:18481); do kill -TERM "$pid" 2>/dev/null || true; done
-  deadline=$((SECONDS + 15))
-  while [ -n "$(worker_pids 192.0.2.10:18481)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
-  for pid in $(worker_pids 192.0.2.10:18481); do kill -KILL "$pid" 2>/dev/null || true; done
-  # KILL is asynchronous: report success only once the worker is gone (its files go next).
-  deadline=$((SECONDS + 10))
-  while [ -n "$(worker_pids 192.0.2.10:18481)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
-  if [ -n "$(worker_pids 192.0.2.10:18481)" ]; then
-    echo "worker 192.0.2.10:18481 (pid $(worker_pids 192.0.2.10:18481 | tr '\n' ' ')) survived KILL" >&2
-    exit 1
+  signal_worker TERM "$1" 15
+  # KILL is asynchronous: the worker holds its port and files until it is gone.
+  signal_worker KILL "$1" 10
+  if [ -n "$(worker_pids "$1")" ]; then
+    echo "worker $1 (pid $(worker_pids "$1" | tr '\n' ' ')) survived KILL" >&2
+    return 1
   fi
-fi
+}
+
+cd /workspace/ascend-pd/yuanrong 2>/dev/null || true
+# Its files go only once it is gone (stop_worker fails the delete otherwise).
+stop_worker 192.0.2.10:18481 120
 # Stale rocksdb metadata and client logs cause 'key not found' after an unclean stop (seed FAQ).
 rm -rf /workspace/ascend-pd/yuanrong/datasystem "$HOME/.datasystem" /workspace/liveness /workspace/ascend-pd/run/worker.spec
 echo "worker 192.0.2.10:18481: stopped and cleaned"

@@ -74,6 +74,25 @@ worker_pids() {  # worker_pids ADDRESS: datasystem_worker processes serving exac
     case " $cmd" in *" --worker_address=$1 "*) echo "${d#/proc/}" ;; esac
   done
 }
+signal_worker() {  # signal_worker SIGNAL ADDRESS SECONDS: signal it, then wait up to SECONDS for it to exit
+  local deadline=$((SECONDS + $3)) pid
+  for pid in $(worker_pids "$2"); do kill "-$1" "$pid" 2>/dev/null || true; done
+  while [ -n "$(worker_pids "$2")" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+}
+stop_worker() {  # stop_worker ADDRESS STOP_TIMEOUT: dscli stop (bounded), TERM, KILL; 1 if it survives
+  [ -n "$(worker_pids "$1")" ] || return 0
+  # dscli stop's own wait is 180 s + shared memory / 40 s (hours at 500 GB): bound it.
+  if ! timeout "$2" dscli stop --worker_address "$1"; then
+    echo "dscli stop failed or did not finish within $2s: terminating the worker" >&2
+  fi
+  signal_worker TERM "$1" 15
+  # KILL is asynchronous: the worker holds its port and files until it is gone.
+  signal_worker KILL "$1" 10
+  if [ -n "$(worker_pids "$1")" ]; then
+    echo "worker $1 (pid $(worker_pids "$1" | tr '\n' ' ')) survived KILL" >&2
+    return 1
+  fi
+}
 
 mkdir -p /workspace/ascend-pd/run /workspace/ascend-pd/logs /workspace/ascend-pd/yuanrong
 if [ -n "$(worker_pids 192.0.2.11:18481)" ]; then
@@ -82,11 +101,7 @@ if [ -n "$(worker_pids 192.0.2.11:18481)" ]; then
     exit 0
   fi
   echo "worker 192.0.2.11:18481: running with older flags: restarting"
-  timeout 120 dscli stop --worker_address 192.0.2.11:18481 || true
-  for pid in $(worker_pids 192.0.2.11:18481); do kill -KILL "$pid" 2>/dev/null || true; done
-  # KILL is asynchronous: the new worker cannot bind 192.0.2.11:18481 while the old one holds it.
-  deadline=$((SECONDS + 15))
-  while [ -n "$(worker_pids 192.0.2.11:18481)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+  stop_worker 192.0.2.11:18481 120
 fi
 # dscli resolves ./datasystem (logs, rocksdb, uds) against the current directory: always the same one.
 cd /workspace/ascend-pd/yuanrong
@@ -103,9 +118,7 @@ until timeout 660 env -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u 
   --liveness_check_path /workspace/liveness \
   --arena_per_tenant 1 \
   --enable_huge_tlb true > /workspace/ascend-pd/logs/dscli-start.log 2>&1 < /dev/null; do
-  for pid in $(worker_pids 192.0.2.11:18481); do kill -KILL "$pid" 2>/dev/null || true; done
-  deadline=$((SECONDS + 15))
-  while [ -n "$(worker_pids 192.0.2.11:18481)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
+  signal_worker KILL 192.0.2.11:18481 15
   # Killed by a signal while starting (dscli: "exited with code -9"): right after a restart the
   # worker's own etcd thread can SIGKILL it as it rejoins the pool (seen in 2 of ~135 restarts on
   # a loaded machine). A fresh start succeeds; anything else (a bad flag, a timeout) fails again.
@@ -120,8 +133,8 @@ until timeout 660 env -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u 
     echo "openYuanrong worker 192.0.2.11:18481 failed to start (dscli start -t 600, attempt $attempt of 3)"
     echo "--- dscli start (/workspace/ascend-pd/logs/dscli-start.log):"
     grep -vF '[INFO] Starting with numactl command:' /workspace/ascend-pd/logs/dscli-start.log | tail -n 50 || true
-    echo "--- last warnings and errors of the worker log (/workspace/ascend-pd/yuanrong/datasystem/logs):"
-    grep -hs ' | [WEF] | ' /workspace/ascend-pd/yuanrong/datasystem/logs/*.INFO* | tail -n 50 || true
+    echo "--- last warnings and errors of /workspace/ascend-pd/yuanrong/datasystem/logs/datasystem_worker.INFO.log:"
+    grep -s ' | [WEF] | ' /workspace/ascend-pd/yuanrong/datasystem/logs/datasystem_worker.INFO.log | tail -n 50 || true
   } >&2
   exit 1
 done
