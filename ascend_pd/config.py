@@ -10,10 +10,14 @@ Nothing here imports pulumi: the same models load a stack file for `render` and 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+
+from .valuetypes import (AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey, ImageRef,
+                         Interleave, IPv4, ModelName, Name, Nic, OwnedFile, OwnedPath, Port, PythonIdentifier,
+                         PythonModule, Seconds, SoftwareVersion, SshUser, Text, Word, WorkerFlagKey)
 
 PROJECT = "ascend-pd"
 
@@ -46,216 +50,428 @@ DEFAULT_ENV_FILES = (
     "/usr/local/Ascend/nnal/atb/set_env.sh",
 )
 DEFAULT_DEVICES = ("/dev/davinci_manager", "/dev/hisi_hdc", "/dev/devmm_svm")
+# pulumi-command dials SSH 10 times, 15 s each, by default: a node rebooting mid-`up` outlasts that.
+# 40 x 15 s rides out a server reboot (BMC POST on these machines takes minutes).
+DEFAULT_DIAL_ERROR_LIMIT = 40
+DEFAULT_PER_DIAL_TIMEOUT_S = 15
+# Minimum CANN and driver (HDK) releases per profile, from the seeds: seed 000 (A2) CANN >= 8.5.0,
+# HDK >= 25.2.3, and HDK >= 25.5.0 when RH2D is on; seed 003 (A3) CANN >= 8.5.0, HDK >= 25.5.0.
+MIN_CANN = {"atlas-800i-a2": "8.5.0", "atlas-800-a3": "8.5.0"}
+MIN_DRIVER = {"atlas-800i-a2": "25.2.3", "atlas-800-a3": "25.5.0"}
+MIN_DRIVER_RH2D = "25.5.0"
+# pulumi-docker pulls under a 20-minute default; a vLLM-Ascend image is 15-30 GB.
+DEFAULT_PULL_TIMEOUT_S = 2 * 3600
 
-Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
-FlagValue = Union[bool, int, float, str, dict, list, None]
-EnvValue = Union[str, int, float, bool]
+FlagValue = Union[bool, int, float, Text, dict, list, None]
+EnvValue = Union[Text, int, float, bool]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=False
+        extra="forbid", frozen=True, strict=True, alias_generator=to_camel, populate_by_name=False
     )
 
 
 class Node(_Model):
     """One server."""
 
-    name: Name = Field(description="Logical node name; resource names and URNs derive from it.")
-    address: str = Field(description="Business-network IPv4 address the services bind and SSH reaches.")
-    nic: str = Field(description="Business NIC name (HCCL/GLOO/TP_SOCKET_IFNAME), e.g. enp67s0f0np0.")
-
-    @field_validator("address")
-    @classmethod
-    def _ipv4(cls, v: str) -> str:
-        parts = v.split(".")
-        if len(parts) != 4 or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
-            raise ValueError(f"{v!r} is not an IPv4 address like 192.0.2.10")
-        return v
+    name: Name = Field(description="Logical node name, used in resource names, URNs and the role, etcd and proxy "
+                                   "settings. Renaming a node creates its resources anew unless the old name is "
+                                   "listed in `formerNames`.")
+    address: IPv4 = Field(description="Business-network IPv4 address: the node's services bind it, the other nodes "
+                                      "and SSH reach it. Changing it replaces the node's container and everything in "
+                                      "it.")
+    nic: Nic = Field(description="Business NIC of the node, given to every rank as `HCCL_SOCKET_IFNAME`, "
+                                 "`GLOO_SOCKET_IFNAME` and `TP_SOCKET_IFNAME` (e.g. `enp67s0f0np0`).")
+    former_names: list[Name] = Field(
+        default_factory=list,
+        description="Earlier names of this node: its resources keep their identity (Pulumi aliases) instead "
+        "of being created anew beside the old ones.",
+    )
 
 
 class Ssh(_Model):
     """How Pulumi reaches every node. The private key, if any, is the secret `ascend-pd:sshPrivateKey`."""
 
-    user: str = Field("root", description="SSH user; needs docker and /proc/sys/vm write access.")
-    port: int = Field(22, ge=1, le=65535)
-    host_keys: dict[str, str] = Field(
+    user: SshUser = Field("root", description="User both providers log in as on every node; it must run `docker` and "
+                                              "write `/proc/sys/vm/nr_hugepages`.")
+    port: Port(ge=1) = Field(22, description="SSH port of every node (the same on all of them).")
+    host_keys: dict[Name, HostKey] = Field(
         default_factory=dict,
-        description="Optional pinned host public keys by node name ('ssh-ed25519 AAAA...').",
+        description="Pinned host public key of each node, by node name, that pulumi-command verifies (e.g. "
+                    "`ssh-ed25519 AAAA...`; RSA keys are refused). A node without one is not checked; pulumi-docker "
+                    "checks `~/.ssh/known_hosts` instead.",
     )
+    dial_error_limit: int = Field(DEFAULT_DIAL_ERROR_LIMIT, strict=True, ge=1, le=1000,
+                                  description="SSH connection attempts of pulumi-command before a command fails; "
+                                              "with `perDialTimeoutS` it sets how long a rebooting node may stay "
+                                              "unreachable during `pulumi up` (40 × 15 s = 10 minutes).")
+    per_dial_timeout_s: Seconds(ge=1) = Field(DEFAULT_PER_DIAL_TIMEOUT_S, description=(
+        "Timeout of one SSH connection attempt of pulumi-command, in seconds."))
 
 
 class Mount(_Model):
-    host: str
-    container: str
-    read_only: bool = False
+    """A bind mount of the NPU container."""
+
+    host: AbsPath = Field(description="Path on the node to mount into the container.")
+    container: AbsPath = Field(description="Where the mounted path appears inside the container.")
+    read_only: bool = Field(False, description="Mount it read-only instead of read-write.")
 
 
 class PipStep(_Model):
     """`pip install <args>` inside the container (the A3 guide's transformers upgrade)."""
 
-    pip: list[str] = Field(min_length=1, description="Arguments to pip install, one per item.")
+    pip: list[Text] = Field(min_length=1, description="Arguments of one `pip install` run in every container, one "
+                                                      "per item, e.g. `[transformers==5.2.0, --no-deps]`.")
 
 
 class PatchStep(_Model):
     """`git am` a list of patch files (paths inside the container) onto a repository."""
 
-    repo: str = Field(description="Repository inside the container, e.g. /vllm-workspace/vllm-ascend.")
-    patches: list[str] = Field(min_length=1)
+    repo: AbsPath = Field(description="Git repository inside the container that the patches apply to, e.g. "
+                                      "`/vllm-workspace/vllm-ascend`.")
+    patches: list[FilePath] = Field(min_length=1, description=(
+        "Patch files inside the container, applied in order with `git am` (once) and reverted on destroy."))
 
 
 class Container(_Model):
     """The long-lived NPU container on every node (the seeds' start-docker.sh)."""
 
-    name: str = Field(description="Fixed container name on every node.")
-    image: str = Field(description="vLLM-Ascend image, e.g. quay.io/ascend/vllm-ascend:v0.20.2rc1.")
-    shm_size: str = Field(description="docker --shm-size, e.g. 800g; must hold the worker's shared memory.")
-    extra_mounts: list[Mount] = Field(default_factory=list, description="Mounts beyond the seeds' set.")
-    env: dict[str, str] = Field(default_factory=dict, description="Container environment (e.g. proxies).")
+    name: DockerName = Field(description="Fixed container name on every node; every script reaches the container by "
+                                         "it (`docker exec`). Changing it replaces the container and everything in "
+                                         "it.")
+    image: ImageRef = Field(description="vLLM-Ascend image of the container, e.g. "
+                                        "`quay.io/ascend/vllm-ascend:v0.20.2rc1`; pulled on every node and kept "
+                                        "there on destroy. Changing it replaces the container and restarts "
+                                        "everything in it.")
+    shm_size: Text = Field(description="The container's `--shm-size`, a docker size such as `800g` or `512000m`; "
+                                       "must hold the worker's `yuanrong.sharedMemoryMb`.")
+    extra_mounts: list[Mount] = Field(default_factory=list, description=(
+        "Bind mounts beyond the seeds' set (the driver, `npu-smi`, `/home`, `/mnt`, `/tmp`, `/data`, ...), e.g. "
+        "weights stored elsewhere."))
+    env: dict[EnvName, Text] = Field(default_factory=dict, description=(
+        "Environment of the container itself, e.g. `http_proxy` for the `pip` steps; the services ascend-pd starts "
+        "run with proxy variables unset."))
     prepare: list[Union[PipStep, PatchStep]] = Field(
-        default_factory=list, description="Steps run once in every container after it is created."
+        default_factory=list, description="Steps run once in every container after it is created, in order: "
+                                          "`{pip: [...]}` runs `pip install`, `{repo, patches}` applies patch files. "
+                                          "Each step is named by its content, so inserting one renames nothing."
     )
-    env_files: list[str] = Field(
+    env_files: list[FilePath] = Field(
         default_factory=lambda: list(DEFAULT_ENV_FILES),
-        description="Sourced (if present) before anything Python or NPU-related starts in the container.",
+        description="Scripts sourced (if present) before anything Python or NPU-related starts in the container: "
+                    "CANN's environment, which the non-interactive shell ascend-pd runs does not read from "
+                    "`~/.bashrc`.",
     )
+    pull_timeout_s: Seconds(ge=60) = Field(
+        DEFAULT_PULL_TIMEOUT_S, description="Deadline of the image pull on each node, in seconds (pulumi-docker's "
+                                            "own 20 minutes are too short for a 15–30 GB image).")
 
     @field_validator("shm_size")
     @classmethod
     def _size(cls, v: str) -> str:
-        if not re.fullmatch(r"\d+[kmg]?", v.strip().lower()):
+        if not re.fullmatch(r"[0-9]{1,12}[kmg]?", v.strip().lower()):
             raise ValueError(f"{v!r} is not a docker size like 800g or 512000m")
         return v.strip().lower()
 
 
 class Model(_Model):
-    path: str = Field(description="Model weights directory inside the container.")
-    served_name: str = Field(description="--served-model-name; also what clients put in `model`.")
+    """The model every rank serves."""
+
+    path: AbsPath = Field(description="Directory of the model weights inside the container, passed to every "
+                                      "`vllm serve`; the weights must be there on every rank's node.")
+    served_name: ModelName = Field(description="Name the model is served as (`--served-model-name`): what clients "
+                                               "put in a request's `model`.")
 
 
 class Vllm(_Model):
     """Settings shared by both roles."""
 
-    flags: dict[str, FlagValue] = Field(
-        default_factory=dict, description="vLLM flag (without --) -> value, for both roles."
+    flags: dict[FlagKey, FlagValue] = Field(
+        default_factory=dict, description="vLLM flags of both roles: flag name (without `--`) → value; `true` is a "
+                                          "bare flag, objects become JSON, `null` or `false` drops the flag, `$NAME` "
+                                          "references expand. Derived flags are refused (see below)."
     )
-    env: dict[str, EnvValue] = Field(default_factory=dict, description="Environment for both roles.")
-    ready_timeout_s: int = Field(
-        3600, ge=60, description="Deadline for every rank of a node to answer /health."
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, description=(
+        "Environment of every rank of both roles; `$NAME` and `${NAME}` references expand, command substitution is "
+        "refused."))
+    ready_timeout_s: Seconds(ge=60) = Field(
+        3600, description="Deadline, in seconds, for every rank of a node to answer `/health` after its launch; also "
+                          "the ranks' `VLLM_ENGINE_READY_TIMEOUT_S`. Raise it for models that load slower."
     )
-    stop_timeout_s: int = Field(60, ge=5, description="TERM -> KILL grace when stopping ranks.")
+    stop_timeout_s: Seconds(ge=5) = Field(60, description=(
+        "Seconds between TERM and KILL when ranks are stopped (a changed flag, a topology change, destroy)."))
 
 
 class Role(_Model):
     """Prefill or decode: `instances` DP groups of `dp` ranks with TP `tp` each."""
 
-    nodes: list[str] = Field(min_length=1, description="Node names of this role, in instance order.")
-    nodes_per_instance: int = Field(1, ge=1, description="Nodes one DP instance spans.")
-    dp: int = Field(ge=1, description="Data-parallel size of ONE instance.")
-    tp: int = Field(ge=1, description="Tensor-parallel size of every rank.")
-    port_base: int = Field(ge=1024, le=65535, description="Local rank i listens on port_base + i.")
-    rpc_port: int = Field(ge=1024, le=65535, description="--data-parallel-rpc-port.")
-    kv_port: int = Field(ge=1024, le=65535, description="Mooncake connector kv_port.")
-    connector: str = Field(
-        "MooncakeConnectorV1", description="Mooncake connector class inside the MultiConnector."
+    nodes: list[Name] = Field(min_length=1, description="Node names of this role, in instance order: every "
+                                                        "`nodesPerInstance` consecutive nodes form one DP instance, "
+                                                        "whose first node is its DP master.")
+    nodes_per_instance: int = Field(1, ge=1, le=256, description=(
+        "Nodes one DP instance spans; the number of `nodes` must be a multiple of it, and `dp` divisible by it."))
+    dp: int = Field(ge=1, le=4096, description="Data-parallel size of ONE instance (not of the role): each of its "
+                                               "nodes runs dp / nodesPerInstance local ranks.")
+    tp: int = Field(ge=1, le=64, description="Tensor-parallel size of every rank: a rank uses tp NPUs, and local "
+                                             "ranks × tp must fit the node's NPUs. Prefill tp must be at least "
+                                             "decode tp (Mooncake).")
+    port_base: Port() = Field(description="HTTP port of each node's first local rank; local rank i listens on "
+                                          "portBase + i.")
+    rpc_port: Port() = Field(description="DP RPC port on each instance's first node (`--data-parallel-rpc-port`), "
+                                         "through which the instance's ranks coordinate.")
+    kv_port: Port() = Field(description="Mooncake connector `kv_port`. Prefill rank r binds the side channels kvPort "
+                                        "+ r·tp ... kvPort + (r+1)·tp − 1, which must lie above the AscendDirect "
+                                        "range (above 28000 on A2, 36000 on A3); decode's must differ from "
+                                        "prefill's.")
+    connector: PythonIdentifier = Field(
+        "MooncakeConnectorV1", description="Class of the Mooncake connector inside the MultiConnector (the KV "
+                                           "transfer between prefill and decode)."
     )
-    connector_module_path: Optional[str] = Field(
-        None, description="kv_connector_module_path of the Mooncake child, if the guide sets it."
+    connector_module_path: Optional[PythonModule] = Field(
+        None, description="`kv_connector_module_path` of the Mooncake connector, for a connector outside vLLM's "
+                          "registry; unset: not passed."
     )
-    flags: dict[str, FlagValue] = Field(default_factory=dict, description="Role flags; null drops a common one.")
-    env: dict[str, EnvValue] = Field(default_factory=dict, description="Role environment.")
+    flags: dict[FlagKey, FlagValue] = Field(default_factory=dict, description=(
+        "vLLM flags of this role only, over `vllm.flags` (same syntax); `null` drops a common flag."))
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, description=(
+        "Environment of this role's ranks, over `vllm.env` (same syntax)."))
 
 
 class Yuanrong(_Model):
     """openYuanrong Datasystem worker on every node (dscli start)."""
 
-    package: str = Field(
-        "openyuanrong-datasystem", description="pip requirement or wheel URL installed in each container."
+    package: Word = Field(
+        "openyuanrong-datasystem", description="What pip installs as the worker in each container: a requirement "
+                                               "such as `openyuanrong-datasystem==0.8.1`, or a wheel URL."
     )
-    port: int = Field(18481, ge=1024, le=65535, description="Worker port (DS_WORKER_ADDR).")
-    shared_memory_mb: int = Field(ge=64, description="--shared_memory_size_mb.")
-    node_timeout_s: int = Field(30, ge=1)
-    node_dead_timeout_s: int = Field(60, ge=1, description="Must exceed nodeTimeoutS.")
-    liveness_path: str = Field("/workspace/liveness", description="File the worker rewrites every ~100 ms.")
-    huge_tlb: bool = Field(False, description="--enable_huge_tlb; needs huge pages >= shared memory.")
-    arena_per_tenant: Optional[int] = Field(None, ge=1)
+    port: Port() = Field(18481, description="TCP port of the worker on every node; the ranks find it through "
+                                            "`DS_WORKER_ADDR` = node address:port.")
+    shared_memory_mb: int = Field(ge=64, le=64 * 1024 * 1024, description=(
+        "Shared memory of each node's worker in MiB (`--shared_memory_size_mb`): that node's share of the KV cache "
+        "pool. `container.shmSize` must hold it, and with `hugeTlb` so must `hugepages.gib`."))
+    node_timeout_s: Seconds(ge=1) = Field(30, description=(
+        "Seconds a worker may stay silent before the pool considers it lost (`--node_timeout_s`)."))
+    node_dead_timeout_s: Seconds(ge=1) = Field(60, description=(
+        "Seconds of silence after which etcd declares a worker dead (`--node_dead_timeout_s`); must exceed "
+        "`nodeTimeoutS` (the seeds use twice as long)."))
+    liveness_path: OwnedFile = Field("/workspace/liveness", description=(
+        "File the worker rewrites about every 100 ms with `liveness check success` (`--liveness_check_path`); the "
+        "start script and the liveness probe read it."))
+    huge_tlb: bool = Field(False, description="Back the worker's shared memory with huge pages "
+                                              "(`--enable_huge_tlb`); needs `hugepages.gib` at least the shared "
+                                              "memory. The seeds turn it on above about 21 GB of shared memory.")
+    arena_per_tenant: Optional[int] = Field(None, ge=1, le=1024, description=(
+        "Shared-memory arenas per tenant (`--arena_per_tenant`): more arenas speed up first allocations, each costs "
+        "a file descriptor; unset: the worker's default (16)."))
     rh2d_device_ids: list[int] = Field(
-        default_factory=list, alias="rh2dDeviceIds", description="--remote_h2d_device_ids; non-empty enables RH2D (client too)."
+        default_factory=list, alias="rh2dDeviceIds", description=(
+        "NPU ids for remote host-to-device transfers (`--remote_h2d_device_ids`); non-empty enables RH2D and sets "
+        "`DS_ENABLE_REMOTE_H2D=1` on every rank.")
     )
-    interleave: Optional[str] = Field(None, description="numactl --interleave nodes, e.g. 0-7.")
-    start_timeout_s: int = Field(600, ge=10, description="dscli start -t.")
+    interleave: Optional[Interleave] = Field(None, description=(
+        "Start the worker under `numactl --interleave` on these NUMA nodes (e.g. `0-7`), spreading its shared memory "
+        "over them; unset: no numactl."))
+    start_timeout_s: Seconds(ge=10) = Field(600, description=(
+        "Seconds `dscli start -t` waits for the worker to become ready; dscli kills it after that."))
     start_attempts: int = Field(
         3, ge=1, le=10,
-        description="dscli starts before giving up when the worker is killed while starting (right after a "
-        "restart its etcd thread can SIGKILL its own process while rejoining the pool); other start failures "
-        "fail at once.",
+        description="How many times `dscli start` runs when the worker is killed while starting (right after a "
+                    "restart its etcd thread can SIGKILL its own process while rejoining the pool); any other start "
+                    "failure fails at once.",
     )
-    stop_timeout_s: int = Field(
-        120, ge=5, description="Bound on dscli stop before the worker is killed (dscli's own can be hours)."
+    stop_timeout_s: Seconds(ge=5) = Field(
+        120, description="Seconds `dscli stop` may take on delete before the worker is killed (dscli's own bound "
+                         "grows with the shared memory to hours)."
     )
-    flags: dict[str, Union[str, int, bool]] = Field(
-        default_factory=dict, description="Extra worker flags (without --)."
+    flags: dict[WorkerFlagKey, Union[Text, int, bool]] = Field(
+        default_factory=dict, description="Extra worker flags (name without `--` → value), for what ascend-pd has no "
+                                          "setting for; derived ones are refused (see below)."
     )
 
 
 class Etcd(_Model):
-    node: str = Field(description="Node that runs the single etcd member (inside its container).")
-    client_port: int = Field(2379, ge=1024, le=65535)
-    peer_port: int = Field(2380, ge=1024, le=65535)
-    data_dir: str = Field("/tmp/etcd-data", description="Removed on destroy (stale data breaks restarts).")
-    binary: str = Field("etcd", description="etcd executable inside the container (or the image).")
-    version: str = Field(
-        "v3.5.12", description="Release installed from github.com/etcd-io if `binary` is missing (binary mode only)."
+    """The single etcd member the workers register in."""
+
+    node: Name = Field(description="Node that runs the single etcd member (inside its NPU container, or in a "
+                                   "container of its own with `image`).")
+    client_port: Port() = Field(2379, description="etcd client port on the etcd node; the workers register and "
+                                                  "`status` reads through it.")
+    peer_port: Port() = Field(2380, description="etcd peer port on the etcd node (a single member: only etcd itself "
+                                                "uses it).")
+    data_dir: OwnedPath = Field("/tmp/etcd-data", description=(
+        "etcd's data directory: emptied on every fresh start and removed on destroy, so the workers always register "
+        "in a clean etcd."))
+    binary: Command = Field("etcd", description="etcd executable inside the NPU container (binary mode) or inside "
+                                                "the etcd image (image mode).")
+    version: EtcdVersion = Field(
+        "v3.5.12", description="Release installed from github.com/etcd-io when `binary` is missing from the "
+                               "container (binary mode only)."
     )
-    image: Optional[str] = Field(
+    image: Optional[ImageRef] = Field(
         None,
         description="Run etcd in its own container from this image (e.g. quay.io/coreos/etcd:v3.5.12) on the "
         "etcd node instead of as a binary in the node's NPU container; its data lives and dies with that container.",
     )
-    container_name: str = Field("ascend-pd-etcd", description="Name of the etcd container (image mode).")
-    start_timeout_s: int = Field(60, ge=5)
+    container_name: DockerName = Field("ascend-pd-etcd", description=(
+        "Name of etcd's own container on the etcd node (image mode only: set `image`)."))
+    start_timeout_s: Seconds(ge=5) = Field(60, description=(
+        "Seconds to wait for etcd's `/health` before the etcd step fails."))
+
+
+class ProxyFlags(_Model):
+    """The four tunable flags of the PD proxy script (everything else is derived)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=False)
+    max_retries: Optional[int] = Field(None, alias="max-retries", ge=0, le=100, description=(
+        "Attempts of each request to a prefill or decode rank before the proxy gives up (`--max-retries`); unset: "
+        "the script's default, 3."))
+    retry_delay: Optional[float] = Field(None, alias="retry-delay", ge=0, le=3600, description=(
+        "Base delay in seconds of the exponential backoff between those attempts (`--retry-delay`); unset: the "
+        "script's default, 0.001."))
+    max_waiting_retries: Optional[int] = Field(None, alias="max-waiting-retries", ge=0, le=100,
+                                               description=(
+        "Checks of an instance added through `/instances/add` before the proxy gives up on it "
+        "(`--max-waiting-retries`); unset: the script's default, 3."))
+    waiting_retry_interval: Optional[float] = Field(1.0, alias="waiting-retry-interval", ge=0.1, le=3600,
+                                                    description=(
+        "Seconds between those checks (`--waiting-retry-interval`; the script's own default is 10). The proxy "
+        "drops an instance given to `/instances/remove` only at one of these checks, and only if no request is in "
+        "flight at that moment: at 10 s the drain of a role's only instance under load almost never finishes."))
 
 
 class Proxy(_Model):
-    node: str = Field(description="Node that runs the PD proxy (it binds that node's address).")
-    port: int = Field(ge=1024, le=65535)
-    script: str = Field(
+    """The vLLM-Ascend PD proxy."""
+
+    node: Name = Field(description="Node that runs the PD proxy; it binds that node's address.")
+    port: Port() = Field(description="Port the proxy listens on: clients send `/v1/completions` and "
+                                     "`/v1/chat/completions` to the proxy node's address at this port.")
+    script: FilePath = Field(
         "/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py",
-        description="Proxy script inside the container.",
+        description="The PD proxy script inside the container: vLLM-Ascend's example load-balancing proxy.",
     )
-    python: str = Field("python3", description="Interpreter inside the container.")
-    flags: dict[str, Union[int, float]] = Field(
-        default_factory=dict,
-        description="max-retries, retry-delay, max-waiting-retries, waiting-retry-interval.",
-    )
-    ready_timeout_s: int = Field(300, ge=10)
-    smoke_timeout_s: int = Field(600, ge=10, description="Deadline of the functional chat completion.")
+    python: Command = Field("python3", description="Python interpreter inside the container that runs the proxy "
+                                                   "script.")
+    flags: ProxyFlags = Field(default_factory=ProxyFlags, description=(
+        "The proxy script's four tunable flags; everything else it takes is derived from the plan."))
+    ready_timeout_s: Seconds(ge=10) = Field(300, description=(
+        "Seconds to wait for the proxy's `/healthcheck` to count every prefill and decode instance."))
+    smoke_timeout_s: Seconds(ge=10) = Field(600, description=(
+        "Seconds the chat completion through the proxy may take once it is up (also the timeout of the `smokeTest` "
+        "output's curl)."))
+
+
+class Rollout(_Model):
+    """How a launch restarts the ranks of an instance that is serving (changed flags, a heal)."""
+
+    max_unavailable: int = Field(1, ge=1, le=1024, description=(
+        "Instances of one role that may restart at once; the others keep serving. A role with this many "
+        "instances or fewer has an outage while it restarts (requests are refused fast by the proxy)."))
+    drain_timeout_s: Seconds(ge=1) = Field(300, description=(
+        "How long a restart waits, once the instance is out of the proxy, for its ranks' running and waiting "
+        "requests to finish; after it the ranks are stopped anyway (the requests still on them fail)."))
+
+
+class Hang(_Model):
+    """When a rank that answers `/health` counts as hung (`status`, the liveness probe, `heal`)."""
+
+    seconds: Seconds(ge=1) = Field(120, description=(
+        "A rank with requests running whose `vllm:generation_tokens_total` and `vllm:request_success_total` "
+        "have not moved for this many seconds is hung (its `/health` may still say 200). Longer than the "
+        "slowest single decode step or prefill chunk under load, or busy ranks are taken for hung."))
 
 
 class Hugepages(_Model):
-    gib: int = Field(ge=1, description="Huge pages wanted on every node, in GiB.")
+    """Huge pages reserved on every node's host."""
+
+    gib: int = Field(ge=1, le=64 * 1024, description="Huge pages to reserve on every node's host, in GiB (pages = "
+                                                     "GiB / the host's `Hugepagesize`); destroy restores the "
+                                                     "previous count.")
+
+
+class Preflight(_Model):
+    """The per-node checks `doctor` runs and `pulumi up` runs first on every node."""
+
+    mode: Literal["enforce", "warn", "off"] = Field(
+        "enforce", description="What a failed check does in `pulumi up`: `enforce` stops that node's deploy before "
+                               "its image, container or huge pages are touched; `warn` prints the failures and goes "
+                               "on; `off` registers no preflight Command. `doctor` runs the checks in every mode.")
+    min_cann: Optional[SoftwareVersion] = Field(None, description=(
+        "Oldest CANN release accepted on the nodes; unset: the profile's (8.5.0 on both, from the seeds)."))
+    min_driver: Optional[SoftwareVersion] = Field(None, description=(
+        "Oldest NPU driver (HDK) release accepted; unset: the profile's (A2 25.2.3, or 25.5.0 with "
+        "`yuanrong.rh2dDeviceIds`; A3 25.5.0)."))
+    max_clock_skew_ms: int = Field(500, ge=1, le=3_600_000, description=(
+        "Largest clock difference between two nodes, in ms, that `doctor` accepts; above half of it is a warning."))
+    min_free_disk_gib: int = Field(50, ge=0, le=1024 * 1024, description=(
+        "Free space in GiB the docker root (`/var/lib/docker`) must have: an image not yet on the node is 15-30 "
+        "GB, the logs grow beside it."))
 
 
 class StackConfig(_Model):
     """Everything under the `ascend-pd:` namespace of a stack file."""
 
-    hardware: Literal["atlas-800i-a2", "atlas-800-a3"]
-    ssh: Ssh = Field(default_factory=Ssh)
-    nodes: list[Node] = Field(min_length=1)
-    container: Container
-    model: Model
-    vllm: Vllm = Field(default_factory=Vllm)
-    prefill: Role
-    decode: Role
-    yuanrong: Yuanrong
-    etcd: Etcd
-    proxy: Proxy
-    hugepages: Optional[Hugepages] = None
-    state_dir: str = Field(DEFAULT_STATE_DIR, description="pid files, logs and working dirs in containers.")
+    hardware: Literal["atlas-800i-a2", "atlas-800-a3"] = Field(
+        description="Server model of every node: `atlas-800i-a2` (Atlas 800I A2, 8 NPUs per node) or `atlas-800-a3` "
+                    "(Atlas 800 A3, 16 NPU dies per node). The NPU count bounds local DP ranks × TP and fixes "
+                    "Mooncake's AscendDirect port range.")
+    ssh: Ssh = Field(default_factory=Ssh, description="How Pulumi reaches every node over SSH: pulumi-command runs "
+                                                      "the scripts, pulumi-docker drives the docker daemons.")
+    nodes: list[Node] = Field(min_length=1, description="The servers, one entry each. Every node gets the NPU "
+                                                        "container and an openYuanrong worker; `prefill.nodes` and "
+                                                        "`decode.nodes` give each node at most one role.")
+    container: Container = Field(description="The long-lived NPU container on every node (the seeds' "
+                                             "`start-docker.sh`), inside which every service runs.")
+    model: Model = Field(description="The model weights every rank loads and the name clients ask for.")
+    vllm: Vllm = Field(default_factory=Vllm, description=(
+        "vLLM settings shared by both roles; each role's own `flags` and `env` override them."))
+    prefill: Role = Field(description="The prefill role: DP instances that compute the prompts' KV cache and send it "
+                                      "to decode through Mooncake (`kv_producer`).")
+    decode: Role = Field(description="The decode role: DP instances that receive the KV cache from prefill through "
+                                     "Mooncake and generate the tokens (`kv_consumer`).")
+    yuanrong: Yuanrong = Field(description="The openYuanrong Datasystem worker on every node: the external KV cache "
+                                           "pool the ranks share (AscendStoreConnector).")
+    etcd: Etcd = Field(description="The single etcd member the openYuanrong workers register in (under "
+                                   "`/datasystem/cluster/`).")
+    proxy: Proxy = Field(description="The vLLM-Ascend PD proxy in front of every rank: the endpoint clients send "
+                                     "their requests to.")
+    rollout: Rollout = Field(default_factory=Rollout, description=(
+        "Restarting serving instances: out of the proxy, drained, restarted, checked, back in; at most "
+        "`maxUnavailable` instances of a role at a time."))
+    hang: Hang = Field(default_factory=Hang, description=(
+        "Hang detection: how long a busy rank's token and success counters may stay flat."))
+    hugepages: Optional[Hugepages] = Field(None, description=(
+        "Huge pages reserved on every node's host before its worker starts; unset: none are reserved (no "
+        "`HugepageHost`). `yuanrong.hugeTlb` needs them."))
+    preflight: Preflight = Field(default_factory=Preflight, description=(
+        "The preflight checks (versions, pages, memory, clocks, NPUs, RoCE fabric, ports, weights, docker, "
+        "network): `python -m ascend_pd doctor` runs them, and `pulumi up` runs a node's before anything else on "
+        "it."))
+    state_dir: OwnedPath = Field(DEFAULT_STATE_DIR, description=(
+        "Directory inside every container for ascend-pd's pid files, logs (`logs/`), probes and working dirs. "
+        "Changing it replaces every service (the old deletes run first); keep it short, the worker's unix socket "
+        "paths live under it."))
+    converge: int = Field(
+        0, ge=0, le=2**53,
+        description="Change it (e.g. to the date) to make the next `pulumi up` run every service script again: "
+        "after a reboot, a docker restart or a dead rank the idempotent scripts restart only what is dead.",
+    )
 
     @property
     def npus(self) -> int:
         return HARDWARE_NPUS[self.hardware]
+
+    @property
+    def min_cann(self) -> str:
+        return self.preflight.min_cann or MIN_CANN[self.hardware]
+
+    @property
+    def min_driver(self) -> str:
+        if self.preflight.min_driver:
+            return self.preflight.min_driver
+        if self.yuanrong.rh2d_device_ids and self.hardware == "atlas-800i-a2":
+            return MIN_DRIVER_RH2D
+        return MIN_DRIVER[self.hardware]
 
 
 def step_name(step: Union[PipStep, PatchStep]) -> str:

@@ -39,6 +39,11 @@ def setting(*path: object) -> str:
     return f"{PROJECT}:{out}"
 
 
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _fix_for(err: dict) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -50,23 +55,42 @@ def _fix_for(err: dict) -> str:
         "literal_error",
     ):
         return "write a value of the expected type"
-    if kind in ("greater_than_equal", "less_than_equal", "too_short", "too_long"):
+    if kind in ("greater_than_equal", "less_than_equal", "too_short", "too_long", "greater_than", "less_than"):
         return "use a value within the stated bounds"
+    if kind == "value_error":
+        return "correct the value as the message says"
     return "correct the value"
+
+
+# Proxy flags the plan derives from the rank layout (ascend-pd:proxy.flags takes only four).
+DERIVED_PROXY_FLAGS = ("host", "port", "prefiller-hosts", "prefiller-ports", "decoder-hosts", "decoder-ports")
 
 
 def from_validation_error(exc: ValidationError) -> ConfigError:
     """Translate pydantic's dump into one Problem per error, naming the setting as written."""
     problems = []
     for err in exc.errors(include_url=False):
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in ("PipStep", "PatchStep"))]
-        # Union members show up as a location part named after the class: the step kinds above.
+        # Union members show up as location parts named after the type (PipStep, str, int, ...):
+        # only the first error of a union says what the operator wrote wrong; the types add nothing.
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and (p in ("PipStep", "PatchStep") or
+                                                                       p.startswith(("function-", "constrained-"))
+                                                                       or p in ("str", "int", "float", "bool", "dict",
+                                                                                "list", "none")))]
         msg = err["msg"]
+        if loc and loc[-1] == "[key]":
+            loc = loc[:-1]
+            msg = f"bad name: {msg}"
+        if err["type"] == "extra_forbidden" and loc[:2] == ["proxy", "flags"] and str(loc[-1]).lstrip("-") in DERIVED_PROXY_FLAGS:
+            problems.append(Problem(setting(*loc), "is derived by ascend-pd from the rank layout and proxy.node/port",
+                                    "remove it; only max-retries, retry-delay, max-waiting-retries and "
+                                    "waiting-retry-interval are tunable"))
+            continue
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
         elif err["type"] == "missing":
             msg = "required setting is missing"
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)):
-            msg = f"{msg} (got {err['input']!r})"
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)) \
+                and repr(err["input"]) not in msg:
+            msg = f"{msg} (got {_shown(err['input'])})"
         problems.append(Problem(setting(*loc), msg, _fix_for(err)))
     return ConfigError(problems)

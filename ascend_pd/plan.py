@@ -12,15 +12,23 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .config import Role, StackConfig, docker_size_mib, step_name
+from .config import DEFAULT_MOUNTS, Role, StackConfig, docker_size_mib, step_name
 from .errors import ConfigError, Problem, setting
+from .valuetypes import owned_path_problem
 
 ROLES = ("prefill", "decode")
 
-# Mooncake's AscendDirect transport listens on a random port in [20000 + 1000*dev, 21000 + 1000*dev]
-# for every NPU of the node, so nothing fixed may live in [20000, 20000 + 1000*NPUs).
+# Mooncake's AscendDirect transport listens on a random port in [20000 + 1000*dev, 20000 + 1000*(dev+1)],
+# both ends inclusive (findAdxlListenPort: min + rand % (max - min + 1)), for every NPU of the node:
+# nothing fixed may live in [20000, 20000 + 1000*NPUs].
 MOONCAKE_DIRECT_BASE = 20000
 MOONCAKE_DIRECT_PER_DEVICE = 1000
+
+
+def mooncake_direct_range(npus: int) -> range:
+    """Every port the AscendDirect transport of an `npus`-NPU node may draw (inclusive top)."""
+    return range(MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * npus + 1)
+
 
 # Flags the plan derives; writing them in a tuning map would create a second source of truth.
 DERIVED_FLAGS = {
@@ -45,6 +53,19 @@ DERIVED_ENV = {
     "TP_SOCKET_IFNAME": "set ascend-pd:nodes[].nic",
     "HCCL_SOCKET_IFNAME": "set ascend-pd:nodes[].nic",
     "ASCEND_RT_VISIBLE_DEVICES": "devices follow from ascend-pd:<role>.tp and the rank layout",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "it is ascend-pd:vllm.readyTimeoutS (the launch's own deadline)",
+}
+# Worker flags the plan derives; `yuanrong.flags` must not set them a second time.
+DERIVED_WORKER_FLAGS = {
+    "worker_address": "it is the node address with ascend-pd:yuanrong.port",
+    "etcd_address": "it is the etcd node's address with ascend-pd:etcd.clientPort",
+    "shared_memory_size_mb": "set ascend-pd:yuanrong.sharedMemoryMb",
+    "node_timeout_s": "set ascend-pd:yuanrong.nodeTimeoutS",
+    "node_dead_timeout_s": "set ascend-pd:yuanrong.nodeDeadTimeoutS",
+    "liveness_check_path": "set ascend-pd:yuanrong.livenessPath",
+    "arena_per_tenant": "set ascend-pd:yuanrong.arenaPerTenant",
+    "remote_h2d_device_ids": "set ascend-pd:yuanrong.rh2dDeviceIds",
+    "enable_huge_tlb": "set ascend-pd:yuanrong.hugeTlb",
 }
 # Unset in the environment of every service ascend-pd starts (ranks, proxy, worker, etcd), as the
 # seeds do for ranks. The services talk to each other directly (rank to rank, proxy to rank, worker
@@ -62,8 +83,8 @@ UNSET_ENV = (
 WORKER_SUBDIR = "yuanrong"  # the worker's fixed working directory under stateDir
 UDS_SUFFIX = f"/{WORKER_SUBDIR}/datasystem/uds/01234567/exclusiveConn"
 UDS_PATH_MAX = 107
-
-PROXY_FLAGS = ("max-retries", "retry-delay", "max-waiting-retries", "waiting-retry-interval")
+# Install steps record themselves done here, in the container (ascend_pd.scripts.prepare).
+PREPARED_SUBDIR = "prepared"
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,11 @@ class NodePlan:
     nic: str
     npus: int
     roles: tuple[str, ...]  # subset of prefill, decode, etcd, proxy
+    former_names: tuple[str, ...] = ()  # earlier names: resources keep their identity (aliases)
+
+    def names_of(self, suffix: str) -> tuple[str, ...]:
+        """Earlier names of this node's resource `<node>-<suffix>` (Pulumi aliases)."""
+        return tuple(f"{old}-{suffix}" for old in self.former_names)
 
 
 @dataclass(frozen=True)
@@ -140,6 +166,13 @@ class EtcdPlan:
         return f"{self.address}:{self.client_port}"
 
     @property
+    def identity(self) -> str:
+        """What a change of makes a new, empty etcd (where it runs, its data): the workers' scripts
+        carry it, so such a change updates every worker, which then registers again."""
+        where = f"container {self.container_name} from {self.image}" if self.image else "binary"
+        return f"{self.endpoint} peer {self.peer_port} data {self.data_dir} ({where})"
+
+    @property
     def client_url(self) -> str:
         return f"http://{self.endpoint}"
 
@@ -150,6 +183,11 @@ class WorkerPlan:
     address: str  # host:port, the key under /datasystem/cluster/ in etcd
     workdir: str
     argv: tuple[str, ...]  # full `dscli start ...`
+
+    @property
+    def log(self) -> str:
+        """The worker's own log: dscli's ./datasystem, relative to the fixed working directory."""
+        return f"{self.workdir}/datasystem/logs/datasystem_worker.INFO.log"
 
 
 @dataclass(frozen=True)
@@ -164,6 +202,13 @@ class ProxyPlan:
     @property
     def url(self) -> str:
         return f"http://{self.address}:{self.port}"
+
+    @property
+    def backends_json(self) -> str:
+        """The proxy's backends as rank URLs, `{"prefill": [...], "decode": [...]}`: whose /metrics the
+        P/D smoke check reads."""
+        return json.dumps({"prefill": [f"http://{h}:{p}" for h, p in self.prefillers],
+                           "decode": [f"http://{h}:{p}" for h, p in self.decoders]}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -192,19 +237,46 @@ class Plan:
     def ranks_of(self, role: str) -> tuple[Rank, ...]:
         return tuple(r for i in self.instances_of(role) for r in i.ranks)
 
+    def instance_on(self, node: str) -> Optional[Instance]:
+        """The instance whose ranks run on `node` (a node serves at most one), or None."""
+        return next((i for i in self.instances if node in i.nodes), None)
+
+    @property
+    def up_parallelism(self) -> int:
+        """What to pass as `pulumi up --parallel`: every node's image pull, huge pages and launch can
+        run at once, and every node of a DP group must launch at once (its ranks form the group
+        only together). The CLI's default, 4 x the operator's CPUs, is 8 on a 2-CPU runner.
+        tests/test_engine_model.py checks it against the engine model's makespan."""
+        return 2 * len(self.nodes)
+
+    @property
+    def state_dir(self) -> str:
+        return self.cfg.state_dir.rstrip("/")
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.state_dir}/run"
+
+    @property
+    def log_dir(self) -> str:
+        return f"{self.state_dir}/logs"
+
+    @property
+    def probe_dir(self) -> str:
+        return f"{self.state_dir}/probes"
+
+    @property
+    def prepared_dir(self) -> str:
+        return f"{self.state_dir}/{PREPARED_SUBDIR}"
+
 
 # ---------------------------------------------------------------------------------------------
 # Validation
 
 
 def _check_flag_keys(problems: list[Problem], where: tuple, flags: dict) -> None:
+    # Keys arrive normalised (`tensor_parallel_size` -> `tensor-parallel-size`, valuetypes.FlagKey).
     for key in flags:
-        if key.startswith("-"):
-            problems.append(
-                Problem(setting(*where, key), "flag names are written without leading dashes",
-                        f"write `{key.lstrip('-')}`")
-            )
-            continue
         if key in DERIVED_FLAGS:
             problems.append(
                 Problem(setting(*where, key), f"--{key} is derived by ascend-pd", DERIVED_FLAGS[key])
@@ -222,10 +294,42 @@ def _check_env_keys(problems: list[Problem], where: tuple, env: dict) -> None:
             )
 
 
+def _protected_mounts(cfg: StackConfig) -> tuple[str, ...]:
+    """Container paths whose contents live on the host: the bind mounts."""
+    mounts = [c for _, c in DEFAULT_MOUNTS] + [m.container for m in cfg.container.extra_mounts]
+    return tuple(m.rstrip("/") or "/" for m in mounts)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _check_owned_paths(p: list[Problem], cfg: StackConfig) -> None:
+    """Paths ascend-pd writes and removes must not be (or contain) a system tree, a host mount or the
+    weights: destroy runs `rm -rf` on them."""
+    protected = _protected_mounts(cfg)
+    model = cfg.model.path.rstrip("/") or "/"
+    owned = ((("etcd", "dataDir"), cfg.etcd.data_dir), (("stateDir",), cfg.state_dir),
+             (("yuanrong", "livenessPath"), cfg.yuanrong.liveness_path))
+    for where, path in owned:
+        why = owned_path_problem(path, protected)
+        mine = path.rstrip("/") or "/"
+        if why is None and (_inside(mine, model) or _inside(model, mine)):
+            why = f"overlaps the model weights (ascend-pd:model.path {cfg.model.path})"
+        if why:
+            p.append(Problem(setting(*where), f"{path!r} {why}; ascend-pd writes and deletes this path",
+                             "use a directory of its own, e.g. /workspace/ascend-pd or /tmp/etcd-data"))
+    state = cfg.state_dir.rstrip("/")
+    for where, path in owned[0:1] + owned[2:3]:
+        if path.rstrip("/") == state:
+            p.append(Problem(setting(*where), f"{path!r} is ascend-pd:stateDir itself", "use a path of its own"))
+
+
 def _validate(cfg: StackConfig) -> list[Problem]:
     p: list[Problem] = []
     names = [n.name for n in cfg.nodes]
     addresses = [n.address for n in cfg.nodes]
+    former = [(i, f) for i, n in enumerate(cfg.nodes) for f in n.former_names]
     for i, n in enumerate(cfg.nodes):
         if names.count(n.name) > 1 and names.index(n.name) != i:
             p.append(Problem(setting("nodes", i, "name"), f"node name {n.name!r} is used twice",
@@ -233,6 +337,10 @@ def _validate(cfg: StackConfig) -> list[Problem]:
         if addresses.count(n.address) > 1 and addresses.index(n.address) != i:
             p.append(Problem(setting("nodes", i, "address"), f"address {n.address} is used twice",
                              "give every node its own address"))
+    for i, old in former:
+        if old in names or [f for _, f in former].count(old) > 1:
+            p.append(Problem(setting("nodes", i, "formerNames"), f"{old!r} names another node (now or before)",
+                             "list each earlier name once, on the node that had it"))
 
     seen_role: dict[str, str] = {}
     for role in ROLES:
@@ -263,26 +371,36 @@ def _validate(cfg: StackConfig) -> list[Problem]:
                                  f"{local} local DP ranks x tp {r.tp} = {local * r.tp} NPUs, "
                                  f"but {cfg.hardware} has {cfg.npus} per node",
                                  "lower dp or tp, or raise nodesPerInstance"))
+            if r.port_base + local - 1 > 65535:
+                p.append(Problem(setting(role, "portBase"),
+                                 f"{local} local ranks from port {r.port_base} run past 65535 (to {r.port_base + local - 1})",
+                                 f"use a portBase of at most {65536 - local}"))
         _check_flag_keys(p, (role, "flags"), r.flags)
         _check_env_keys(p, (role, "env"), r.env)
     _check_flag_keys(p, ("vllm", "flags"), cfg.vllm.flags)
     _check_env_keys(p, ("vllm", "env"), cfg.vllm.env)
+    for key in cfg.yuanrong.flags:
+        if key in DERIVED_WORKER_FLAGS:
+            p.append(Problem(setting("yuanrong", "flags", key), f"--{key} is derived by ascend-pd",
+                             DERIVED_WORKER_FLAGS[key]))
 
     if cfg.prefill.tp < cfg.decode.tp:
         p.append(Problem(setting("prefill", "tp"),
                          f"prefill tp {cfg.prefill.tp} < decode tp {cfg.decode.tp}; Mooncake requires prefill tp >= decode tp",
                          "raise ascend-pd:prefill.tp or lower ascend-pd:decode.tp"))
-    direct_top = MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * cfg.npus
-    zmq_last = cfg.prefill.kv_port + cfg.prefill.dp * cfg.prefill.tp - 1
-    if cfg.prefill.kv_port < direct_top and zmq_last >= MOONCAKE_DIRECT_BASE:
-        p.append(Problem(setting("prefill", "kvPort"),
-                         f"prefill side-channel ports {cfg.prefill.kv_port}-{zmq_last} overlap Mooncake's "
-                         f"AscendDirect range {MOONCAKE_DIRECT_BASE}-{direct_top - 1} on {cfg.npus}-NPU nodes "
-                         "(random 'ZMQError: Address already in use' at startup)",
-                         f"use a kvPort >= {direct_top}"))
-    if zmq_last > 65535:
-        p.append(Problem(setting("prefill", "kvPort"), f"side-channel ports run past 65535 (to {zmq_last})",
-                         "lower ascend-pd:prefill.kvPort"))
+    direct = mooncake_direct_range(cfg.npus)
+    for role in ROLES:
+        r = getattr(cfg, role)
+        last = r.kv_port + r.dp * r.tp - 1  # side channels kv_port + rank*tp + t, every global DP rank
+        if r.kv_port <= direct[-1] and last >= direct[0]:
+            p.append(Problem(setting(role, "kvPort"),
+                             f"{role} side-channel ports {r.kv_port}-{last} overlap Mooncake's AscendDirect range "
+                             f"{direct[0]}-{direct[-1]} (both ends inclusive) on {cfg.npus}-NPU nodes "
+                             "(random 'ZMQError: Address already in use' at startup)",
+                             f"use a kvPort >= {direct[-1] + 1}"))
+        if last > 65535:
+            p.append(Problem(setting(role, "kvPort"), f"side-channel ports run past 65535 (to {last})",
+                             f"use a kvPort of at most {65536 - r.dp * r.tp}"))
     if cfg.prefill.kv_port == cfg.decode.kv_port:
         p.append(Problem(setting("decode", "kvPort"),
                          f"prefill and decode both use kv_port {cfg.decode.kv_port}",
@@ -322,11 +440,6 @@ def _validate(cfg: StackConfig) -> list[Problem]:
         if not 0 <= dev < cfg.npus:
             p.append(Problem(setting("yuanrong", "rh2dDeviceIds", j), f"device {dev} does not exist",
                              f"use ids 0..{cfg.npus - 1}"))
-    for key in cfg.proxy.flags:
-        if key not in PROXY_FLAGS:
-            fix = ("it is derived from the rank layout" if key.startswith(("prefiller", "decoder"))
-                   or key in ("host", "port") else f"use one of {list(PROXY_FLAGS)}")
-            p.append(Problem(setting("proxy", "flags", key), "not a tunable proxy flag", fix))
     for key, where in ((cfg.etcd.node, ("etcd", "node")), (cfg.proxy.node, ("proxy", "node"))):
         if key not in names:
             p.append(Problem(setting(*where), f"unknown node {key!r}", f"use one of {names}"))
@@ -334,6 +447,7 @@ def _validate(cfg: StackConfig) -> list[Problem]:
         p.append(Problem(setting("stateDir"),
                          f"{cfg.state_dir!r} makes the worker's unix socket paths longer than {UDS_PATH_MAX} bytes",
                          f"use a directory of at most {UDS_PATH_MAX - len(UDS_SUFFIX)} characters"))
+    _check_owned_paths(p, cfg)
     step_names = [step_name(s) for s in cfg.container.prepare]
     for j, name in enumerate(step_names):
         if step_names.index(name) != j:
@@ -349,21 +463,22 @@ def _validate(cfg: StackConfig) -> list[Problem]:
 
 def _port_collisions(cfg: StackConfig) -> list[Problem]:
     """Every fixed TCP port per node, checked together (and against Mooncake's random range)."""
-    used: dict[str, dict[int, str]] = {n.name: {} for n in cfg.nodes}
+    used: dict[str, dict[int, tuple[str, str]]] = {n.name: {} for n in cfg.nodes}
     problems: list[Problem] = []
 
     def claim(node: str, port: int, owner: str, where: str) -> None:
         other = used[node].get(port)
-        if other is not None and other != owner:
-            problems.append(Problem(where, f"port {port} on node {node} is also used by {other}",
+        if other is not None and other[0] != owner:
+            problems.append(Problem(where, f"port {port} on node {node} is also used by {other[0]} ({other[1]})",
                                     "give the two services different ports"))
-        used[node][port] = owner
+        used[node][port] = (owner, where)
 
     for n in cfg.nodes:
         claim(n.name, cfg.yuanrong.port, "the openYuanrong worker", setting("yuanrong", "port"))
     claim(cfg.etcd.node, cfg.etcd.client_port, "etcd client", setting("etcd", "clientPort"))
     claim(cfg.etcd.node, cfg.etcd.peer_port, "etcd peer", setting("etcd", "peerPort"))
     claim(cfg.proxy.node, cfg.proxy.port, "the PD proxy", setting("proxy", "port"))
+    side_channels = {f"{role} Mooncake side channel" for role in ROLES}
     for role in ROLES:
         r: Role = getattr(cfg, role)
         local = r.dp // r.nodes_per_instance
@@ -373,20 +488,19 @@ def _port_collisions(cfg: StackConfig) -> list[Problem]:
             for pos, node in enumerate(group):
                 for i in range(local):
                     claim(node, r.port_base + i, f"{role} rank port", setting(role, "portBase"))
-                    if role == "prefill":
-                        rank = pos * local + i
-                        for t in range(r.tp):
-                            claim(node, r.kv_port + rank * r.tp + t, "prefill Mooncake side channel",
-                                  setting(role, "kvPort"))
-    direct = range(MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * cfg.npus)
+                    rank = pos * local + i
+                    for t in range(r.tp):
+                        claim(node, r.kv_port + rank * r.tp + t, f"{role} Mooncake side channel",
+                              setting(role, "kvPort"))
+    direct = mooncake_direct_range(cfg.npus)
     rank_nodes = set(cfg.prefill.nodes) | set(cfg.decode.nodes)
     for node in sorted(rank_nodes):
-        for port, owner in sorted(used[node].items()):
-            if port in direct and owner != "prefill Mooncake side channel":
-                problems.append(Problem(f"{owner} port {port}",
-                                        f"on node {node} it lies in Mooncake's AscendDirect range "
-                                        f"{direct.start}-{direct.stop - 1}",
-                                        f"move it below {direct.start} or above {direct.stop - 1}"))
+        for port, (owner, where) in sorted(used[node].items()):
+            if port in direct and owner not in side_channels:
+                problems.append(Problem(where,
+                                        f"{owner} port {port} on node {node} lies in Mooncake's AscendDirect range "
+                                        f"{direct[0]}-{direct[-1]}",
+                                        f"move it below {direct[0]} or above {direct[-1]}"))
     return problems
 
 
@@ -451,6 +565,9 @@ def _rank_env(cfg: StackConfig, role: str, node, devices: tuple[int, ...]) -> tu
         "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in devices),
         "DS_WORKER_ADDR": f"{node.address}:{cfg.yuanrong.port}",
         "PYTHONHASHSEED": "0",
+        # vLLM aborts an engine core not ready within this (default 600 s, less than loading a large
+        # model takes; seed 000's FAQ sets 3600): the launch's own deadline, so the two agree.
+        "VLLM_ENGINE_READY_TIMEOUT_S": str(cfg.vllm.ready_timeout_s),
     })
     if cfg.yuanrong.rh2d_device_ids:
         env["DS_ENABLE_REMOTE_H2D"] = "1"
@@ -557,7 +674,7 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
         "--prefiller-ports", *[str(p) for _, p in pre],
         "--decoder-hosts", *[h for h, _ in dec],
         "--decoder-ports", *[str(p) for _, p in dec],
-        *_flag_args(cfg.proxy.flags),
+        *_flag_args(cfg.proxy.flags.model_dump(by_alias=True, exclude_none=True)),
     )
     proxy = ProxyPlan(node=cfg.proxy.node, address=pa, port=cfg.proxy.port, argv=proxy_argv,
                       prefillers=pre, decoders=dec)
@@ -569,7 +686,8 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     roles[e.node].append("etcd")
     roles[cfg.proxy.node].append("proxy")
     node_plans = tuple(
-        NodePlan(name=n.name, address=n.address, nic=n.nic, npus=cfg.npus, roles=tuple(roles[n.name]))
+        NodePlan(name=n.name, address=n.address, nic=n.nic, npus=cfg.npus, roles=tuple(roles[n.name]),
+                 former_names=tuple(n.former_names))
         for n in cfg.nodes
     )
     workers = tuple(_worker(cfg, n, etcd) for n in cfg.nodes)

@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Optional
 
 from .plan import Plan
 from .scripts import node_scripts
+from .term import Block, Table, plain
+
+RANK_HEAD = ("role", "instance", "node", "address", "dp rank", "devices", "port")
+
+
+def rank_rows(plan: Plan) -> list[tuple[str, ...]]:
+    return [(r.role, f"{r.role}-{r.instance}", r.node, r.address, f"{r.dp_rank}/{r.dp_size}", r.visible_devices,
+             str(r.port)) for r in plan.ranks]
 
 
 def rank_table(plan: Plan) -> str:
-    head = ("role", "instance", "node", "address", "dp rank", "devices", "port")
-    rows = [head] + [
-        (r.role, f"{r.role}-{r.instance}", r.node, r.address, f"{r.dp_rank}/{r.dp_size}", r.visible_devices, str(r.port))
-        for r in plan.ranks
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return plain([Table(RANK_HEAD, rank_rows(plan))])
 
 
-def summary(plan: Plan) -> str:
+def summary_blocks(plan: Plan) -> list[Block]:
     pre, dec = plan.ranks_of("prefill"), plan.ranks_of("decode")
     p = plan.proxy
-    lines = [
+    return [
         f"stack {plan.stack}: {len(plan.nodes)} nodes ({plan.cfg.hardware}, {plan.cfg.npus} NPUs each), "
         f"{len(plan.ranks)} ranks ({len(pre)} prefill, {len(dec)} decode) in {len(plan.instances)} DP instances",
         "",
-        rank_table(plan),
+        Table(RANK_HEAD, rank_rows(plan)),
         "",
         f"proxy   {p.url}  on {p.node}",
         "  prefillers: " + " ".join(f"{h}:{port}" for h, port in p.prefillers),
@@ -33,14 +36,22 @@ def summary(plan: Plan) -> str:
         f"etcd    {plan.etcd.client_url}  on {plan.etcd.node}"
         + (f" (container {plan.etcd.container_name}, image {plan.etcd.image})" if plan.etcd.image else ""),
         "workers " + " ".join(w.address for w in plan.workers),
+        "",
+        f"deploy  pulumi up --stack {plan.stack} --parallel {plan.up_parallelism}"
+        "   (every node's pull and launch at once; a DP group's nodes must launch together)",
     ]
-    return "\n".join(lines)
 
 
-def write_scripts(plan: Plan, out: Path) -> list[Path]:
+def summary(plan: Plan) -> str:
+    return plain(summary_blocks(plan))
+
+
+def write_scripts(plan: Plan, out: Path, progress: Optional[Callable[[int, int], None]] = None) -> list[Path]:
     """Every node's scripts as <out>/<node>/<NN>-<name>.{create,delete}.sh, in start order."""
     written = []
-    for node in plan.nodes:
+    for done, node in enumerate(plan.nodes):
+        if progress:
+            progress(done, len(plan.nodes))
         d = out / node.name
         d.mkdir(parents=True, exist_ok=True)
         for stale in d.glob("*.sh"):
@@ -51,4 +62,6 @@ def write_scripts(plan: Plan, out: Path) -> list[Path]:
                 path.write_text(text)
                 path.chmod(0o755)
                 written.append(path)
+    if progress:
+        progress(len(plan.nodes), len(plan.nodes))
     return written

@@ -1,26 +1,33 @@
 """How a rendered script reaches a node: SSH (pulumi-command), then `docker exec` for container
 scripts. The script text itself comes from ascend_pd.scripts and is passed through untouched.
+
+Lifecycle rules every Command follows (Pulumi engine and pulumi-command facts, DESIGN.md):
+* an input change other than `triggers` is an update, which runs the NEW create only; so whatever
+  decides which processes and files a script manages (`Script.identity`, the node address, the
+  container) goes into `triggers`: a change is then a replacement, and with
+  delete_before_replace=True the OLD delete (old inputs, old connection, from state) runs first;
+* `add_previous_output_in_env` is off: sshd refuses those variables on most nodes, which
+  pulumi-command reports as one warning per update and delete.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
 
 from ascend_pd.config import Ssh
 from ascend_pd.plan import NodePlan
-from ascend_pd.scripts import Script, in_container, on_host
-
-if TYPE_CHECKING:  # imported for annotations only (npu_container imports this module)
-    from .npu_container import NpuContainer
+from ascend_pd.shell import Script, in_container, on_host
 
 
 def connection(*, ssh: Ssh, node: NodePlan, private_key: Optional[pulumi.Input[str]]) -> remote.ConnectionArgs:
     """SSH to one node. `private_key` is the secret `ascend-pd:sshPrivateKey` (an Output marked
     secret) or None: pulumi-command then authenticates through ssh-agent ($SSH_AUTH_SOCK).
     A pinned `ascend-pd:ssh.hostKeys.<node>` is verified; without one the host key is not checked.
+    The dial settings ride out a node that reboots during `pulumi up`.
     pulumi-command stores the whole connection as a secret in the state."""
     return remote.ConnectionArgs(
         host=node.address,
@@ -28,16 +35,34 @@ def connection(*, ssh: Ssh, node: NodePlan, private_key: Optional[pulumi.Input[s
         user=ssh.user,
         private_key=private_key,
         host_key=ssh.host_keys.get(node.name),
+        dial_error_limit=ssh.dial_error_limit,
+        per_dial_timeout=ssh.per_dial_timeout_s,
     )
+
+
+@dataclass(frozen=True)
+class ContainerTarget:
+    """Where a container script runs: the node (address, SSH) and the container (fixed name, id)."""
+
+    address: str
+    connection: remote.ConnectionArgs
+    name: str
+    id: pulumi.Input[str]
+
+
+def _aliases(names: Sequence[str]) -> list[pulumi.Alias]:
+    return [pulumi.Alias(name=n) for n in names]
 
 
 def host_command(
     name: str,
     *,
+    address: str,
     conn: remote.ConnectionArgs,
     script: Script,
     parent: pulumi.Resource,
     depends_on: Sequence[pulumi.Resource] = (),
+    aliases: Sequence[str] = (),
 ) -> remote.Command:
     """A script that runs on the node itself (huge pages)."""
     if script.where != "host":
@@ -47,12 +72,15 @@ def host_command(
         connection=conn,
         create=on_host(script.create),
         delete=on_host(script.delete),
+        triggers=[address, *script.identity],
+        add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent,
             depends_on=list(depends_on),
             # One fixed host: a create-before-delete replacement would let the old delete undo
             # (restore) what the new create just set.
             delete_before_replace=True,
+            aliases=_aliases(aliases),
         ),
     )
 
@@ -60,38 +88,40 @@ def host_command(
 def container_command(
     name: str,
     *,
-    npu: "NpuContainer",
+    target: ContainerTarget,
     script: Script,
     parent: pulumi.Resource,
     depends_on: Sequence[pulumi.Resource] = (),
     triggers: Sequence[pulumi.Input] = (),
+    aliases: Sequence[str] = (),
 ) -> remote.Command:
     """A script that runs inside the node's NPU container (`docker exec -i <name> bash -s`).
 
-    triggers=[container.id, *triggers]: a new container (new image, new mounts, ...) starts empty,
-    so everything that ran in the old one must run again: the Command is replaced. Extra triggers
-    replace it when something else it checks is replaced (the etcd container in image mode).
+    triggers: the container id (a new container starts empty, so everything that ran in the old one
+    runs again), the node address and the script's identity (see the module docstring), and extra
+    triggers from the caller (the etcd a worker registers in; the other containers of a DP group).
 
     delete_before_replace=True: the container name is fixed, so `docker exec <name>` always
     reaches whichever container currently has that name. With Pulumi's default
     create-before-delete replacement the NEW create would run first (in the new container) and
     then the OLD delete would run in that same new container, stopping what was just started.
-    Deleting first runs the old delete while the old processes are still the ones there.
 
-    The delete tolerates a missing container (missing_ok=True): when the container is already
-    gone, so are the processes the delete would stop.
+    The delete starts a stopped container first and finds nothing to do in a missing one
+    (ascend_pd.shell.in_container).
     """
     if script.where != "container":
         raise ValueError(f"{script.name} on {script.node} is a {script.where} script, not a container script")
     return remote.Command(
         name,
-        connection=npu.connection,
-        create=in_container(npu.container_name, script.create),
-        delete=in_container(npu.container_name, script.delete, missing_ok=True),
-        triggers=[npu.container.id, *triggers],
+        connection=target.connection,
+        create=in_container(target.name, script.create),
+        delete=in_container(target.name, script.delete, delete=True, host_first=script.delete_on_host_first),
+        triggers=[target.id, target.address, *script.identity, *triggers],
+        add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent,
             depends_on=list(depends_on),
             delete_before_replace=True,
+            aliases=_aliases(aliases),
         ),
     )

@@ -1,0 +1,161 @@
+# shellcheck shell=bash disable=SC2154  # its parameters are set by the script that includes it
+# Restarting an instance that serves, without dropping its requests: out of the PD proxy, drained,
+# restarted, checked, back in; at most rollout.maxUnavailable instances of a role at once.
+#
+# The release proxy's /instances/remove only taints an instance while any request is in flight
+# anywhere (it drops it from its lists once none is), and a tainted instance gets a normal priority
+# back as soon as one of its own requests is released. So the removal is re-asserted every
+# retaint_s until the instance is put back, and idleness is judged from the instance's own ranks
+# (vllm:num_requests_running + vllm:num_requests_waiting on each), not from the proxy's global count.
+#
+# Parameters (set by the script before this library): proxy_url, proxy_type (prefill/decode),
+# the arrays local_endpoints (this node's ranks as host:port), endpoints (every rank of the
+# instance) and metrics_urls (their /metrics), lead (1 on the instance's first node),
+# spares (the role's other instances), retaint_s, drain_quiet_polls, drain_timeout_s, etcd_url, slot_prefix (etcd key prefix of the role's restart slots, ending in /),
+# slots (maxUnavailable), slot_ttl_s, slot_timeout_s, instance.
+
+rollout_json() {  # rollout_json HOST:PORT...: the proxy's {"type", "instances"} body
+  local out="" e
+  for e in "$@"; do out="$out${out:+, }\"$e\""; done
+  printf '{"type": "%s", "instances": [%s]}' "$proxy_type" "$out"
+}
+
+proxy_call() {  # proxy_call add|remove HOST:PORT...: POST to the proxy; its answer on stdout
+  local mode=$1
+  shift
+  curl --noproxy '*' -fsS -m 5 -X POST "$proxy_url/instances/$mode" -H 'Content-Type: application/json' \
+    -d "$(rollout_json "$@")" 2>/dev/null
+}
+
+keeper_pid=""
+out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the proxy and keep them out;
+  # 1 when the proxy does not answer. `serving`: the ranks serve and are about to stop, so the
+  # role's only instance waits until the proxy has really dropped them.
+  local deadline=$((SECONDS + drain_timeout_s))
+  local targets=("${local_endpoints[@]}")
+  if [ "${1:-}" = serving ] && [ "$spares" = 0 ]; then targets=("${endpoints[@]}"); fi
+  proxy_call remove "${targets[@]}" >/dev/null || { echo "$instance: the proxy at $proxy_url does not answer: not draining through it"; return 1; }
+  if [ "$spares" -gt 0 ]; then
+    # The proxy resets the taint itself when one of the ranks' requests ends: re-assert it until
+    # into_proxy (or the script's end). Not faster: each call costs the proxy a client per endpoint.
+    (while sleep "$retaint_s"; do proxy_call remove "${local_endpoints[@]}" >/dev/null || true; done) </dev/null >/dev/null 2>&1 &
+    keeper_pid=$!
+    trap keep_out_stop EXIT
+    echo "$instance: out of the proxy (the other $spares instance(s) of its role take its requests)"
+    return 0
+  fi
+  if [ "${1:-}" != serving ]; then echo "$instance: out of the proxy"; return 0; fi
+  # The role's only instance: a taint leaves its ranks the proxy's only choice, so requests keep
+  # coming; only a removal stops them, which the proxy makes once no request is in flight anywhere.
+  # So the group's lead node asks for all of its ranks at once, every retaint_s, and every node
+  # waits until the proxy counts none of the role (a cheap /healthcheck; a removal call costs the
+  # proxy a client per rank).
+  until role_gone; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$instance: the proxy still routes to it after ${drain_timeout_s}s (requests always in flight): restarting anyway;" >&2
+      echo "  requests that reach the proxy while it restarts fail (an empty 200) or wait until it is back" >&2
+      return 0
+    fi
+    sleep "$retaint_s"
+    if [ "$lead" = 1 ]; then proxy_call remove "${endpoints[@]}" >/dev/null || true; fi
+  done
+  echo "$instance: out of the proxy (the only instance of its role: requests are refused until it is back)"
+}
+
+role_gone() {  # 0 once the proxy's /healthcheck counts no instance of this role
+  curl --noproxy '*' -fsS -m 5 "$proxy_url/healthcheck" 2>/dev/null | grep -q "\"${proxy_type}_instances\": *0[,}]"
+}
+
+keep_out_stop() {  # stop re-asserting the removal
+  if [ -n "$keeper_pid" ]; then kill "$keeper_pid" 2>/dev/null || true; wait "$keeper_pid" 2>/dev/null || true; fi
+  keeper_pid=""
+}
+
+busy() {  # the instance's running + waiting requests, summed over its ranks (an unreachable rank: 0)
+  local url total=0 n
+  for url in "${metrics_urls[@]}"; do
+    n=$(curl --noproxy '*' -fsS -m 3 "$url" 2>/dev/null \
+      | awk '/^vllm:num_requests_(running|waiting)[{ ]/ {s += $NF} END {printf "%d", s}') || n=0
+    total=$((total + ${n:-0}))
+  done
+  echo "$total"
+}
+
+drain() {  # wait until the instance's ranks hold no request for drain_quiet_polls polls in a row, at most drain_timeout_s
+  local deadline=$((SECONDS + drain_timeout_s)) n quiet=0
+  # Several idle polls in a row: a request the proxy routed just before the taint may still be on
+  # its way to a rank.
+  while [ "$quiet" -lt "$drain_quiet_polls" ]; do
+    n=$(busy)
+    if [ "$n" -gt 0 ]; then quiet=0; else quiet=$((quiet + 1)); fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$instance: $n request(s) still on its ranks after ${drain_timeout_s}s: stopping anyway" >&2
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "$instance: drained"
+}
+
+into_proxy() {  # into_proxy HOST:PORT...: put ranks back into the proxy; 1 when it will not list them
+  # The proxy adds an instance at once only when its /v1/models answers right then; otherwise it
+  # parks it and looks again every --waiting-retry-interval (ascend-pd:proxy.flags), up to --max-waiting-retries
+  # times, and requests meanwhile find the role short (none at all for its only instance). So the
+  # add is repeated until the proxy's own answer lists every endpoint.
+  keep_out_stop
+  local deadline=$((SECONDS + readd_timeout_s)) answer listed ep missing
+  while :; do
+    answer=$(proxy_call add "$@") || answer=""
+    if [ -z "$answer" ] && [ "$SECONDS" -ge "$deadline" ]; then
+      # Whenever it answers again it starts from its argv, which lists every planned instance.
+      echo "$instance: the proxy at $proxy_url does not answer: not adding $* to it"
+      return 0
+    fi
+    listed=$(printf '%s' "$answer" | grep -o "\"current_${proxy_type}_instances\": *\[[^]]*\]") || listed=""
+    missing=""
+    for ep in "$@"; do case "$listed" in *"\"$ep\""*) ;; *) missing="$missing $ep" ;; esac; done
+    if [ -n "$answer" ] && [ -z "$missing" ]; then
+      echo "$instance: back in the proxy ($*)"
+      return 0
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$instance: the proxy at $proxy_url does not list${missing} after ${readd_timeout_s}s of /instances/add" >&2
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+slot_b64() { printf '%s' "$1" | base64 | tr -d '\n'; }
+
+etcd_post() {  # etcd_post PATH JSON: etcd's JSON gateway; the answer on stdout
+  curl --noproxy '*' -fsS -m 5 -X POST "$etcd_url$1" -d "$2" 2>/dev/null
+}
+
+slot_acquire() {  # hold one of the role's restart slots (shared by the nodes of this instance)
+  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said=""
+  lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || lease=""
+  if [ -z "$lease" ]; then echo "$instance: etcd $etcd_url does not answer: restarting without a slot" >&2; return 0; fi
+  while :; do
+    for ((k = 0; k < slots; k++)); do
+      key=$(slot_b64 "$slot_prefix$k")
+      answer=$(etcd_post /v3/kv/txn "{\"compare\": [{\"key\": \"$key\", \"target\": \"CREATE\", \"result\": \"EQUAL\", \"create_revision\": \"0\"}], \"success\": [{\"request_put\": {\"key\": \"$key\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}}], \"failure\": [{\"request_range\": {\"key\": \"$key\"}}]}") || answer=""
+      # Taken now, or already held by this instance (its other nodes took it).
+      case "$answer" in *'"succeeded":true'*|*"\"value\":\"$(slot_b64 "$instance")\""*)
+        slot_key=$key
+        echo "$instance: restart slot $((k + 1)) of $slots"
+        return 0 ;;
+      esac
+    done
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$instance: no restart slot free after ${slot_timeout_s}s: restarting anyway" >&2
+      return 0
+    fi
+    if [ -z "$said" ]; then echo "$instance: waiting for one of $slots restart slot(s) of its role"; said=1; fi
+    sleep 1
+  done
+}
+
+slot_release() {  # give the slot back (its lease would expire anyway)
+  if [ -n "${slot_key:-}" ]; then etcd_post /v3/kv/deleterange "{\"key\": \"$slot_key\"}" >/dev/null || true; fi
+}
