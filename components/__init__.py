@@ -9,7 +9,8 @@ from .etcd_single import EtcdSingle
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
+from .preflight import NodePreflight
 from .vllm_dp_group import VllmDpGroup
 from .yuanrong_worker import YuanrongWorker
 
-__all__ = ["deploy", "EtcdSingle", "HugepageHost", "NpuContainer", "PdProxy", "VllmDpGroup", "YuanrongWorker"]
+__all__ = ["deploy", "EtcdSingle", "HugepageHost", "NodePreflight", "NpuContainer", "PdProxy", "VllmDpGroup", "YuanrongWorker"]

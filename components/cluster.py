@@ -2,11 +2,21 @@
 
 Start order per node (every arrow is a dependency; nodes proceed independently):
 
-    <node>-container -> <node>-<prepare steps...> --+--> <node>-etcd (etcd node only)
-                                                    |
-    <node>-nr-hugepages ----------------------------+--> <node>-worker (after etcd too)
-                                                          -> <instance>-<node> (launch)
-                                                              -> <proxy node>-proxy (after all)
+    <node>-preflight ----> <node>-docker, <node>-image, <node>-container, <node>-nr-hugepages
+                           (unless preflight.mode is off; so everything below waits for it)
+    <node>-container --+--> <node>-install-yuanrong -> <node>-<stack's pip/patch steps...> --+
+          |            +--> <etcd node>-install-etcd -> <etcd node>-etcd                      |
+          +--> <node>-probes         |                         |                              |
+                                     v                         v                              |
+    <node>-nr-hugepages -------> <node>-worker (after openYuanrong, etcd, huge pages)         |
+                                     +--> <node>-launch (its instance's ranks; after the workers  <-+
+                                              of every node of its DP group)
+                                              -> <proxy node>-proxy (after every launch)
+
+Nothing waits for what it does not use: the worker starts while the stack's pip and patch steps
+run (the launch needs them), etcd needs only its binary. No Command depends on another node's
+resources except through etcd (workers), a multi-node group's launches (its nodes' workers) and the
+proxy (every launch): see vllm_dp_group.py for why.
 
 Destroy runs in reverse: proxy, launches, workers, etcd, preparation, container, huge pages.
 """
@@ -19,12 +29,12 @@ import pulumi
 
 from ascend_pd import scripts
 from ascend_pd.plan import Plan
-from ascend_pd.probes import probes
 
 from .etcd_single import EtcdSingle
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
+from .preflight import NodePreflight
 from .transport import connection, container_command
 from .values import rank_rows, smoke_test
 from .vllm_dp_group import VllmDpGroup
@@ -39,36 +49,51 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
     npus: dict[str, NpuContainer] = {}
     hugepages: dict[str, HugepageHost] = {}
     for node in plan.nodes:
+        preflight = None
+        if cfg.preflight.mode != "off":
+            preflight = NodePreflight(
+                f"{node.name}-preflight-gate",  # its Command is <node>-preflight
+                opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("preflight-gate")]),
+                node=node, conn=conns[node.name], script=scripts.preflight(plan, node.name),
+            )
         npus[node.name] = NpuContainer(
             f"{node.name}-npu",
+            opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("npu")]),
             node=node,
             container=cfg.container,
             ssh=cfg.ssh,
             conn=conns[node.name],
             prepare=scripts.prepare(plan, node.name),
+            preflight=preflight,
         )
         if cfg.hugepages is not None:
             hugepages[node.name] = HugepageHost(
                 f"{node.name}-hugepages",
-                node=node.name,
+                opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("hugepages")]),
+                node=node,
                 gib=cfg.hugepages.gib,
                 conn=conns[node.name],
                 script=scripts.hugepages(plan, node.name),
+                preflight=preflight,
             )
 
     # Liveness/readiness probes for the operator's monitoring, rendered with the plan's ports and
     # paths; they only read, so they go in as soon as the container exists.
     for node in plan.nodes:
         npu = npus[node.name]
-        container_command(f"{node.name}-probes", npu=npu, script=probes(plan, node.name), parent=npu,
-                          depends_on=[npu.container])
+        container_command(f"{node.name}-probes", target=npu.target, script=scripts.probes(plan, node.name),
+                          parent=npu, depends_on=[npu.container], aliases=node.names_of("probes"))
 
-    etcd = EtcdSingle("etcd", etcd=plan.etcd, npu=npus[plan.etcd.node], script=scripts.etcd(plan))
+    nodes = {n.name: n for n in plan.nodes}
+    etcd = EtcdSingle("etcd", etcd=plan.etcd, node=nodes[plan.etcd.node], npu=npus[plan.etcd.node],
+                      script=scripts.etcd(plan))
 
     workers = {
         node.name: YuanrongWorker(
             f"{node.name}-yuanrong",
+            opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("yuanrong")]),
             worker=plan.worker(node.name),
+            node=node,
             npu=npus[node.name],
             etcd=etcd,
             hugepages=hugepages.get(node.name),
@@ -81,6 +106,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
         VllmDpGroup(
             inst.name,
             instance=inst,
+            nodes=nodes,
             launches={node: scripts.launch(plan, inst, node) for node in inst.nodes},
             npus=npus,
             workers=workers,
@@ -88,7 +114,8 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
         for inst in plan.instances
     ]
 
-    proxy = PdProxy("proxy", proxy=plan.proxy, npu=npus[plan.proxy.node], groups=groups, script=scripts.proxy(plan))
+    proxy = PdProxy("proxy", proxy=plan.proxy, node=nodes[plan.proxy.node], npu=npus[plan.proxy.node], groups=groups,
+                    script=scripts.proxy(plan))
 
     return {
         "proxyUrl": proxy.url,

@@ -11,19 +11,33 @@ from pulumi_command import remote
 
 from ascend_pd.config import DEFAULT_DEVICES, DEFAULT_MOUNTS, Container, Ssh, docker_size_mib
 from ascend_pd.plan import NodePlan
-from ascend_pd.scripts import Script
+from ascend_pd.shell import Script
 
-from .transport import container_command
+from .preflight import NodePreflight
+from .transport import ContainerTarget, _aliases, container_command
 from .values import DOCKER_SSH_OPTS, container_envs, docker_host, volume_specs
 
 # Container options of the seeds' `docker run` that are not per-cluster settings.
 WORKING_DIR = "/home"  # -w /home
 ENTRYPOINT = ["bash"]  # --entrypoint=bash with -it: an idle shell keeps the container up
+# Docker's default ("no") leaves the container stopped after a reboot or a daemon restart: every
+# `docker exec` then fails. The services inside still need `ascend-pd:converge` (README).
+RESTART_POLICY = "unless-stopped"
+# The label that ties the container to its node's address: a readdressed node is another machine,
+# so its container is replaced (labels force a new container).
+ADDRESS_LABEL = "ascend-pd.node-address"
 
 
 class NpuContainer(pulumi.ComponentResource):
     """Docker over SSH to one node: the image (kept on destroy), the container, then the
-    preparation steps in order, each after the previous one.
+    preparation steps in order, each after the previous one (a step marked unchained, the etcd
+    binary, right after the container).
+
+    Per: node
+    Runs: `docker.Provider` over `ssh://`, `RemoteImage` (kept on destroy), the container as the seeds'
+      `start-docker.sh` (host network, privileged, devices, driver mounts, `shm_size`, `init`,
+      restart `unless-stopped`), then the preparation steps in order (openYuanrong wheel, etcd binary
+      on the etcd node, `pip` steps, patch series), and the node's liveness/readiness probes
 
     pulumi-docker reaches the daemon through the LOCAL `ssh` binary (`docker -H ssh://...`): it
     authenticates with ssh-agent or ~/.ssh/config and checks ~/.ssh/known_hosts. The secret
@@ -31,13 +45,12 @@ class NpuContainer(pulumi.ComponentResource):
     plain text), so load the same key into ssh-agent before `pulumi up`.
     """
 
-    connection: remote.ConnectionArgs
-    container_name: str
+    target: ContainerTarget
     provider: docker.Provider
     image: docker.RemoteImage
     container: docker.Container
-    steps: list[remote.Command]
-    ready: pulumi.Resource  # the last preparation step (or the container when there is none)
+    steps: dict[str, remote.Command]  # preparation steps by script name
+    ready: pulumi.Resource  # the last chained preparation step (or the container when there is none)
 
     def __init__(
         self,
@@ -48,24 +61,29 @@ class NpuContainer(pulumi.ComponentResource):
         ssh: Ssh,
         conn: remote.ConnectionArgs,
         prepare: Sequence[Script],
+        preflight: Optional[NodePreflight] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("ascend-pd:index:NpuContainer", name, None, opts)
-        self.connection = conn
-        self.container_name = container.name
+        # Nothing of this node is touched (no pull, no container) until its preflight passed.
+        after = [preflight.command] if preflight else []
 
         self.provider = docker.Provider(
             f"{node.name}-docker",
             host=docker_host(ssh.user, node.address, ssh.port),
             ssh_opts=list(DOCKER_SSH_OPTS),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after, aliases=_aliases(node.names_of("docker"))),
         )
         on_node = pulumi.ResourceOptions(parent=self, provider=self.provider)
         self.image = docker.RemoteImage(
             f"{node.name}-image",
             name=container.image,
             keep_locally=True,  # destroy must not delete a 20 GB image other containers may use
-            opts=on_node,
+            opts=pulumi.ResourceOptions.merge(on_node, pulumi.ResourceOptions(
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{container.pull_timeout_s}s",
+                                                      update=f"{container.pull_timeout_s}s"),
+                depends_on=after,
+                aliases=_aliases(node.names_of("image")))),
         )
         self.container = docker.Container(
             f"{node.name}-container",
@@ -86,23 +104,31 @@ class NpuContainer(pulumi.ComponentResource):
             # tini as PID 1 reaps rank processes orphaned when their `docker exec` session ends.
             init=True,
             envs=container_envs(container.env),
+            labels=[docker.ContainerLabelArgs(label=ADDRESS_LABEL, value=node.address)],
+            restart=RESTART_POLICY,
             must_run=True,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.provider,
                 # The name is fixed: a second container with it cannot exist next to the first.
                 delete_before_replace=True,
+                depends_on=after,
+                aliases=_aliases(node.names_of("container")),
             ),
         )
+        self.target = ContainerTarget(address=node.address, connection=conn, name=container.name,
+                                      id=self.container.id)
 
-        self.steps = []
+        self.steps = {}
         previous: pulumi.Resource = self.container
         for script in prepare:
             step = container_command(
-                f"{node.name}-{script.name}", npu=self, script=script, parent=self, depends_on=[previous]
+                f"{node.name}-{script.name}", target=self.target, script=script, parent=self,
+                depends_on=[previous if script.chained else self.container], aliases=node.names_of(script.name),
             )
-            self.steps.append(step)
-            previous = step
+            self.steps[script.name] = step
+            if script.chained:
+                previous = step
         self.ready = previous
 
         self.register_outputs({
@@ -110,5 +136,5 @@ class NpuContainer(pulumi.ComponentResource):
             "containerId": self.container.id,
             "containerName": self.container.name,
             "imageId": self.image.image_id,
-            "prepared": [s.stdout for s in self.steps],
+            "prepared": [s.stdout for s in self.steps.values()],
         })

@@ -7,8 +7,8 @@ from typing import Optional
 import pulumi
 from pulumi_command import remote
 
-from ascend_pd.plan import WorkerPlan
-from ascend_pd.scripts import Script
+from ascend_pd.plan import NodePlan, WorkerPlan
+from ascend_pd.shell import Script
 
 from .etcd_single import EtcdSingle
 from .hugepage_host import HugepageHost
@@ -17,8 +17,17 @@ from .transport import container_command
 
 
 class YuanrongWorker(pulumi.ComponentResource):
-    """`dscli start` in the node's container once the container is prepared, etcd is healthy (the
-    worker registers there) and the node's huge pages are reserved (if the stack uses them)."""
+    """`dscli start` in the node's container once openYuanrong is installed in it, etcd is healthy
+    (the worker registers there) and the node's huge pages are reserved (if the stack uses them).
+
+    Per: node
+    Runs: `dscli start -t … -w …` from a fixed directory, waits for the liveness file; a worker killed
+      while starting (its own etcd thread can SIGKILL it as it rejoins the pool right after a restart)
+      is started again, up to `yuanrong.startAttempts`; any other start failure fails at once with
+      dscli's output and the worker log's warnings and errors; a running worker not registered in the
+      etcd its script names restarts into it. Destroy: `dscli stop` bounded by `yuanrong.stopTimeoutS`,
+      then kill; removes its data dir and `~/.datasystem`
+    """
 
     command: remote.Command
     address: str
@@ -28,6 +37,7 @@ class YuanrongWorker(pulumi.ComponentResource):
         name: str,
         *,
         worker: WorkerPlan,
+        node: NodePlan,
         npu: NpuContainer,
         etcd: EtcdSingle,
         hugepages: Optional[HugepageHost],
@@ -36,10 +46,13 @@ class YuanrongWorker(pulumi.ComponentResource):
     ) -> None:
         super().__init__("ascend-pd:index:YuanrongWorker", name, None, opts)
         self.address = worker.address
-        after: list[pulumi.Resource] = [npu.ready, etcd.command]
+        # The worker needs dscli (install-yuanrong), not the stack's own pip and patch steps: those
+        # run while it starts, and the launches wait for both.
+        after: list[pulumi.Resource] = [npu.steps.get("install-yuanrong", npu.ready), etcd.command]
         if hugepages is not None:
             after.append(hugepages.command)
         self.command = container_command(
-            f"{worker.node}-worker", npu=npu, script=script, parent=self, depends_on=after
+            f"{worker.node}-worker", target=npu.target, script=script, parent=self, depends_on=after,
+            aliases=node.names_of("worker"),
         )
         self.register_outputs({"node": worker.node, "address": worker.address, "stdout": self.command.stdout})

@@ -1,0 +1,197 @@
+"""Run the Pulumi program under the SDK's mocks and record every registration: the resource graph
+the engine would receive, without the CLI, a backend or a cluster.
+
+`capture(config, stack=...)` executes `__main__.py` exactly as the language host does (runpy, after
+`set_all_config` with the CLI's flat namespaced map) against a fresh mock monitor that records each
+resource's type, name, URN, parent, provider, dependencies (all, and per input property), options
+(delete_before_replace, aliases, custom timeouts) and deserialized inputs. Secret inputs stay
+wrapped (`pulumi.runtime.rpc.is_rpc_secret`) as the engine would receive them.
+
+Used by the tests, by the engine model's change scenarios and by `python -m ascend_pd diff`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+MAIN = PROJECT_DIR / "__main__.py"
+PROJECT = "ascend-pd"
+
+COMMAND = "command:remote:Command"
+CONTAINER = "docker:index/container:Container"
+IMAGE = "docker:index/remoteImage:RemoteImage"
+DOCKER_PROVIDER = "pulumi:providers:docker"
+
+
+@dataclass
+class Reg:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    provider: str
+    dependencies: frozenset[str]
+    delete_before_replace: bool
+    replace_on_changes: tuple[str, ...]
+    inputs: dict[str, Any]
+    custom: bool
+    property_dependencies: dict[str, frozenset[str]] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()  # earlier names (name-only aliases)
+    custom_timeouts: dict[str, str] = field(default_factory=dict)
+    id: str = ""  # the provider's id (the mocks give "<name>-id"; the engine model keeps it across updates)
+
+
+@dataclass
+class Graph:
+    """Every registration of one program run, in registration order."""
+
+    regs: list[Reg]
+    error: Optional[BaseException] = None
+    _by_urn: dict[str, Reg] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_urn = {r.urn: r for r in self.regs}
+
+    def by_urn(self, urn: str) -> Optional[Reg]:
+        return self._by_urn.get(urn)
+
+    def of_type(self, typ: str) -> list[Reg]:
+        return [r for r in self.regs if r.type == typ]
+
+    def named(self, name: str) -> Reg:
+        found = [r for r in self.regs if r.name == name]
+        assert len(found) == 1, f"{len(found)} resources named {name!r}"
+        return found[0]
+
+    def children(self, parent: Reg, typ: Optional[str] = None) -> list[Reg]:
+        return [r for r in self.regs if r.parent == parent.urn and (typ is None or r.type == typ)]
+
+    def ancestors(self, reg: Reg) -> set[str]:
+        """URNs `reg` waits for, transitively (dependencies only; parents do not order creation)."""
+        seen: set[str] = set()
+        todo = list(reg.dependencies)
+        while todo:
+            urn = todo.pop()
+            if urn in seen:
+                continue
+            seen.add(urn)
+            todo.extend(self._by_urn[urn].dependencies if urn in self._by_urn else ())
+        return seen
+
+    def waits_for(self, later: Reg, earlier: Reg) -> bool:
+        return earlier.urn in self.ancestors(later)
+
+
+def mock_image_id(reference: str) -> str:
+    """The image id the mocks give an image: like docker's, the same for the same reference."""
+    return "sha256:" + hashlib.sha256(reference.encode()).hexdigest()
+
+
+def _pulumi():
+    """The SDK, imported late: the plan layer and `render` must not need it."""
+    import pulumi
+    from pulumi.runtime import Mocks, MockCallArgs, MockResourceArgs, rpc, set_all_config, set_mocks
+    from pulumi.runtime import settings
+    from pulumi.runtime.mocks import MockMonitor
+    from pulumi.runtime.sync_await import _ensure_event_loop
+
+    return pulumi, Mocks, MockCallArgs, MockResourceArgs, rpc, set_all_config, set_mocks, settings, MockMonitor, \
+        _ensure_event_loop
+
+
+def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = (),
+            expect_error: bool = False) -> Graph:
+    """Run `__main__.py` with the CLI-style map `config` (`ascend-pd:<key>` -> string/JSON)."""
+    (pulumi, Mocks, MockCallArgs, MockResourceArgs, rpc, set_all_config, set_mocks, settings, MockMonitor,
+     ensure_loop) = _pulumi()
+    if str(PROJECT_DIR) not in sys.path:
+        sys.path.insert(0, str(PROJECT_DIR))
+
+    class _Mocks(Mocks):
+        def new_resource(self, args: MockResourceArgs):
+            outs = dict(args.inputs)
+            if args.typ == IMAGE:
+                # What docker reports: the image's content id, the same for the same reference.
+                outs["imageId"] = mock_image_id(str(args.inputs.get("name")))
+            return f"{args.name}-id", outs
+
+        def call(self, args: MockCallArgs):
+            return {}
+
+    class _Recorder(MockMonitor):
+        def __init__(self, mocks) -> None:
+            super().__init__(mocks)
+            self.regs: list[Reg] = []
+
+        def RegisterResource(self, request):  # noqa: N802 - the gRPC method's name
+            resp = super().RegisterResource(request)
+            if request.type != "pulumi:pulumi:Stack":
+                ensure_loop()
+                timeouts = request.customTimeouts
+                self.regs.append(Reg(
+                    type=request.type,
+                    name=request.name,
+                    urn=resp.urn,
+                    id=resp.id,
+                    parent=request.parent,
+                    provider=request.provider,
+                    dependencies=frozenset(request.dependencies),
+                    delete_before_replace=bool(request.deleteBeforeReplace),
+                    replace_on_changes=tuple(request.replaceOnChanges),
+                    inputs=rpc.deserialize_properties(request.object),
+                    custom=bool(request.custom),
+                    property_dependencies={k: frozenset(v.urns) for k, v in request.propertyDependencies.items()},
+                    aliases=tuple(a.spec.name for a in request.aliases if a.HasField("spec") and a.spec.name),
+                    custom_timeouts={k: getattr(timeouts, k) for k in ("create", "update", "delete")
+                                     if getattr(timeouts, k)},
+                ))
+            return resp
+
+    set_all_config(dict(config), secret_keys=list(secret_keys))
+    mocks = _Mocks()
+    monitor = _Recorder(mocks)
+    # A fresh root Stack per run (set_mocks keeps an existing one): URNs carry this run's stack
+    # name and stack outputs are this run's only. Internal, as reset_options() does it.
+    settings.ROOT.set(None)
+    set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    error: Optional[BaseException] = None
+    try:
+        pulumi.runtime.test(lambda: runpy.run_path(str(MAIN), run_name="__main__"))()
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        if not expect_error:
+            raise
+        error = exc
+    if expect_error and error is None:
+        raise AssertionError("the program ran without error")
+    return Graph(regs=list(monitor.regs), error=error)
+
+
+def stack_output(name: str) -> Any:
+    """A stack output as exported by the last run (resolved)."""
+    pulumi = _pulumi()[0]
+    stack = pulumi.runtime.get_root_resource()
+    box: dict[str, Any] = {}
+    value = stack.outputs[name]
+    pulumi.runtime.test(lambda: pulumi.Output.from_input(value).apply(lambda v: box.setdefault("v", v)))()
+    return box["v"]
+
+
+def unwrap(value: Any) -> Any:
+    rpc = _pulumi()[4]
+    return rpc.unwrap_rpc_secret(value) if rpc.is_rpc_secret(value) else value
+
+
+def plain(value: Any) -> Any:
+    """`value` with every secret unwrapped, recursively (the engine diffs the plain values)."""
+    value = unwrap(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
