@@ -1,14 +1,94 @@
-"""Command line: `python -m ascend_pd render|status --stack NAME`."""
+"""Command line: `python -m ascend_pd render|status|doctor|diff|heal --stack NAME`, `python -m ascend_pd docs [--write|--check]`."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 from .errors import ConfigError
 from .loader import PROJECT_DIR, load_stack
 from .plan import build_plan
+
+
+# Bounds of the status options (seconds): below 0.1 s nothing on a LAN answers; above them a "timeout"
+# bounds nothing (and inf/nan overflow the waits).
+MIN_SECONDS = 0.1
+MAX_TIMEOUT_S = 3600.0  # = ascend_pd.status.MAX_TIMEOUT_S (not imported: render must not load requests)
+MAX_WATCH_S = 86400.0
+
+
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds in [low, high] (argparse names the option)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds from {low:g} to {high:g}")
+        return value
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of polls of at least 1")
+    return value
+
+
+STATUS_DESCRIPTION = (
+    "Health of a deployed stack and its KV cache hit rates, from the stack file alone. "
+    "Exit code 0: everything expected is there and healthy; 1: something is missing or unhealthy "
+    "(a reason per component is printed); 2: the stack file or an option is invalid. "
+    "Bounds: all requests of a poll run at once, and each one (connect, request, the whole answer and "
+    "its parsing) ends within --timeout (the smoke completion within --smoke-timeout), whatever the "
+    "endpoint does, so one poll takes at most max(--timeout, --smoke-timeout) seconds (10 by default, 5 "
+    "with --no-smoke) and the command that plus its own start (about 0.5 s: Python, the stack file). "
+    "An answer is capped at 4 MiB (/metrics) or 1 MiB (everything else): a larger one is a problem of "
+    "that component, and so is a compressed one."
+)
+
+DIFF_DESCRIPTION = (
+    "Compare the stack file with its base (a git ref, or an old copy of the file): render both under "
+    "Pulumi's mocks with the working tree's code, run the engine model of `pulumi up` from one to the other, "
+    "and report every step in order, each changed script per node (shared library files collapsed), "
+    "which ranks, workers, etcd or proxy restart, whether each role keeps serving, and for about how long. "
+    "Exit code 0: no change; 10: changes; 2: the new stack file is invalid (only its problems are printed) "
+    "or the base cannot be read."
+)
+
+
+DOCTOR_CHECKS = ("clock", "versions", "page-size", "memory", "npu", "fabric", "ping", "ports", "weights", "docker",
+                 "network")  # = ascend_pd.scripts.preflight.ALL_CHECKS (render must not import more than it needs)
+DOCTOR_DESCRIPTION = (
+    "Run the preflight checks on every node over ssh (the operator's OpenSSH client, ssh-agent, known_hosts), "
+    "all nodes at once, then the cross-node checks (clock skew, identical driver/CANN, identical weights, the "
+    "NPU ping matrix). Prints a node x check table and, for each failure, the reason and the fix. Exit code "
+    "0: nothing failed (warnings allowed); 1: a check failed or a node is unreachable; 2: the stack file or "
+    "an option is invalid. Each round ends within --timeout per node; an unreachable node costs at most "
+    "--connect-timeout."
+)
+
+
+HEAL_DESCRIPTION = (
+    "Find broken instances (a rank dead: /health or the connection fails; hung: requests running and "
+    "vllm:generation_tokens_total and vllm:request_success_total flat for hang.seconds; or ranks not in one DP "
+    "group) and dead openYuanrong workers, and bring them back with the very scripts Pulumi runs, over SSH: "
+    "the worker first, then each broken instance as a whole (out of the proxy, stopped on every node, started, "
+    "healthy, one request, back in), the others serving throughout. Pulumi's state is not touched: the next "
+    "preview shows no change. A restart budget per instance (--max-restarts N within --window MIN, with "
+    "backoff) keeps a crash loop out of the proxy. Exit 0: nothing broken, or all healed; 1: something left "
+    "broken or out; 2: invalid stack file or option."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,41 +101,112 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser(
         "status",
         help="poll etcd, the openYuanrong workers, every rank, the proxy; KV cache hit rates",
-        description="Health of a deployed stack and its KV cache hit rates, from the stack file alone. "
-        "Exit code 0: everything expected is there and healthy; 1: something is missing or unhealthy "
-        "(a reason per component is printed); 2: the stack file is invalid.",
+        description=STATUS_DESCRIPTION,
     )
     s.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
     s.add_argument("--json", action="store_true", help="machine-readable report (one JSON line per poll with --watch)")
-    s.add_argument("--watch", type=float, metavar="SECONDS",
-                   help="poll again every SECONDS (adds hit rates over the last interval) until ^C")
-    s.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N polls")
-    s.add_argument("--timeout", type=float, metavar="S", default=None,
-                   help="bound of every request to etcd, a rank or the proxy (default 5)")
-    s.add_argument("--smoke-timeout", type=float, metavar="S", default=None,
-                   help="bound of the smoke chat completion through the proxy (default 10)")
+    s.add_argument("--watch", type=_seconds(MIN_SECONDS, MAX_WATCH_S), metavar="SECONDS",
+                   help="poll again every SECONDS (adds hit rates over the last interval) until ^C; a poll "
+                   "that takes longer is followed by the next at once")
+    s.add_argument("--count", type=_positive_int, metavar="N", help="with --watch: stop after N polls")
+    s.add_argument("--timeout", type=_seconds(MIN_SECONDS, MAX_TIMEOUT_S), metavar="S", default=None,
+                   help="deadline of every request to etcd, a rank or the proxy, from connect to the last "
+                   "byte of the answer (default 5; the TCP connect within it at most 2)")
+    s.add_argument("--smoke-timeout", type=_seconds(MIN_SECONDS, MAX_TIMEOUT_S), metavar="S", default=None,
+                   help="deadline of the smoke chat completion through the proxy (default 10)")
     s.add_argument("--no-smoke", action="store_true", help="skip the smoke chat completion")
     s.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    dr = sub.add_parser(
+        "doctor",
+        help="preflight: check every node (versions, pages, memory, clocks, NPUs, fabric, ports, weights, docker, "
+        "network) before deploying",
+        description=DOCTOR_DESCRIPTION,
+    )
+    dr.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    dr.add_argument("--json", action="store_true", help="machine-readable report")
+    dr.add_argument("--node", action="append", default=[], metavar="N", help="only this node (repeatable)")
+    dr.add_argument("--only", action="append", default=[], metavar="CHECK",
+                    help="only this check (repeatable): " + ", ".join(DOCTOR_CHECKS))
+    dr.add_argument("--identity", metavar="FILE", help="ssh private key (default: ssh-agent and ~/.ssh/config)")
+    dr.add_argument("--known-hosts", metavar="FILE",
+                    help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
+                    "~/.ssh/known_hosts)")
+    dr.add_argument("--timeout", type=_seconds(1.0, MAX_TIMEOUT_S), metavar="S", default=30.0,
+                    help="deadline of each node's run, connection included (default 30)")
+    dr.add_argument("--connect-timeout", type=_seconds(1.0, 120.0), metavar="S", default=5.0,
+                    help="ssh connection deadline per node (default 5)")
+    dr.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    c = sub.add_parser(
+        "diff",
+        help="what a change of the stack file does to the running cluster: steps, script diffs, restarts",
+        description=DIFF_DESCRIPTION,
+    )
+    c.add_argument("--stack", required=True, help="stack name: compares Pulumi.<stack>.yaml with its base")
+    base = c.add_mutually_exclusive_group()
+    base.add_argument("--base", metavar="GIT-REF", help="the stack file as committed at GIT-REF (default HEAD)")
+    base.add_argument("--base-file", type=Path, metavar="OLD.yaml", help="an old copy of the stack file")
+    c.add_argument("--format", choices=("text", "markdown", "json"), default="text",
+                   help="text (default), markdown (a PR comment) or json")
+    c.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    h = sub.add_parser(
+        "heal",
+        help="restart dead or hung instances as a whole (and dead openYuanrong workers), with the rendered scripts",
+        description=HEAL_DESCRIPTION,
+    )
+    h.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    h.add_argument("--dry-run", action="store_true", help="say what is broken and what would be done; change nothing")
+    h.add_argument("--watch", type=_seconds(1.0, MAX_WATCH_S), metavar="SECONDS",
+                   help="supervise: a cycle every SECONDS until ^C (hangs need it: one poll has no history)")
+    h.add_argument("--count", type=_positive_int, metavar="N", help="with --watch: stop after N cycles")
+    h.add_argument("--max-restarts", type=_positive_int, metavar="N", default=None,
+                   help="restarts of one instance allowed within --window (default 3); past it the instance stays "
+                   "out of the proxy")
+    h.add_argument("--window", type=_seconds(1.0, 7 * 24 * 60), metavar="MIN", default=None,
+                   help="the restart budget's window in minutes (default 30)")
+    h.add_argument("--state", type=Path, default=None, metavar="FILE",
+                   help="the restart budget between runs (default ~/.local/state/ascend-pd/heal-<stack>.json)")
+    h.add_argument("--reset", metavar="INSTANCE", action="append", default=[],
+                   help="a person fixed INSTANCE: give it its restart budget back")
+    h.add_argument("--identity", metavar="FILE", help="ssh private key (default: ssh-agent and ~/.ssh/config)")
+    h.add_argument("--known-hosts", metavar="FILE",
+                   help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
+                   "~/.ssh/known_hosts)")
+    h.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    d = sub.add_parser(
+        "docs",
+        help="the README's generated sections (settings, derived flags, deployment table) from the code",
+        description="Print the README's generated sections; --write rewrites them in README.md, --check exits 1 "
+        "when README.md is stale.",
+    )
+    mode = d.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the sections in README.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the code")
     args = ap.parse_args(argv)
-    if args.command == "status":
-        for name in ("watch", "timeout", "smoke_timeout"):
-            value = getattr(args, name)
-            if value is not None and not value > 0:
-                ap.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
-        if args.count is not None and args.count < 1:
-            ap.error("--count must be at least 1")
+    if args.command == "docs":
+        from .docs import main as docs_main
+
+        return docs_main(write=args.write, check=args.check)
+    if args.command == "diff":
+        from .change import run as diff_run
+
+        return diff_run(args.stack, project_dir=args.project_dir, base=args.base, base_file=args.base_file,
+                        fmt=args.format)
     try:
         plan = build_plan(load_stack(args.stack, args.project_dir), args.stack)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     if args.command == "render":
-        from .render import summary, write_scripts
+        from . import term
+        from .render import summary_blocks, write_scripts
 
-        print(summary(plan))
+        term.write(summary_blocks(plan))
         if args.out:
-            files = write_scripts(plan, args.out)
+            with term.progress(f"writing scripts under {args.out}") as update:
+                files = write_scripts(plan, args.out, progress=update)
             print(f"\nwrote {len(files)} scripts for {len(plan.nodes)} nodes under {args.out}")
+    elif args.command == "doctor":
+        return _doctor(plan, args)
     elif args.command == "status":
         from .status import Timeouts, run
 
@@ -66,7 +217,55 @@ def main(argv: list[str] | None = None) -> int:
             t = Timeouts(connect_s=t.connect_s, request_s=t.request_s, smoke_s=args.smoke_timeout)
         return run(plan, as_json=args.json, watch=args.watch, count=args.count, timeouts=t,
                    smoke=not args.no_smoke)
+    elif args.command == "heal":
+        from . import heal
+
+        if args.max_restarts is not None or args.window is not None:
+            if args.max_restarts is None or args.window is None:
+                print("heal: --max-restarts and --window go together (e.g. --max-restarts 3 --window 30)",
+                      file=sys.stderr)
+                return 2
+        budget = heal.Budget(max_restarts=args.max_restarts or heal.DEFAULT_MAX_RESTARTS,
+                             window_s=(args.window * 60) if args.window else heal.DEFAULT_WINDOW_S,
+                             path=args.state or heal.default_state_path(args.stack))
+        runner = (lambda node, command, timeout_s: (1, "", "dry run")) if args.dry_run else heal.ssh_runner(
+            plan, identity_file=args.identity, known_hosts_file=args.known_hosts)
+        healer = heal.Healer(plan, runner, budget=budget, log=lambda m: print(m, file=sys.stderr, flush=True))
+        for name in args.reset:
+            if name not in {i.name for i in plan.instances}:
+                print(f"heal: --reset {name}: the stack has no such instance "
+                      f"({', '.join(i.name for i in plan.instances)})", file=sys.stderr)
+                return 2
+            if not args.dry_run:
+                healer.reset(name)
+        if args.watch:
+            return heal.watch(healer, args.watch, count=args.count, dry_run=args.dry_run)
+        rep = healer.heal_once(dry_run=args.dry_run)
+        print(rep.text(), end="")
+        return 0 if rep.ok else 1
     return 0
+
+
+def _doctor(plan, args) -> int:
+    import json
+
+    from .doctor import run_doctor, table
+    from .ssh import ssh_targets
+
+    known = {n.name for n in plan.nodes}
+    bad = [n for n in args.node if n not in known]
+    if bad:
+        print(f"--node {bad[0]}: not a node of stack {plan.stack} (nodes: {', '.join(sorted(known))})", file=sys.stderr)
+        return 2
+    bad = [c for c in args.only if c not in DOCTOR_CHECKS]
+    if bad:
+        print(f"--only {bad[0]}: not a check (checks: {', '.join(DOCTOR_CHECKS)})", file=sys.stderr)
+        return 2
+    targets = ssh_targets(plan, identity_file=args.identity, known_hosts_file=args.known_hosts,
+                          connect_timeout_s=args.connect_timeout)
+    report = run_doctor(plan, targets, nodes=args.node, only=args.only, timeout_s=args.timeout)
+    print(json.dumps(report.as_json()) if args.json else table(report))
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,15 @@ one timeout and never hangs the command):
   `GET /metrics` parses.
 * the PD proxy: `GET /healthcheck` reports `len(plan.proxy.prefillers)` prefill and
   `len(plan.proxy.decoders)` decode instances, and one smoke chat completion through it returns text
-  (`content`, `reasoning` or `reasoning_content`), with its latency.
+  (`content`, `reasoning` or `reasoning_content`) that a prefill rank and a decode rank both served:
+  between a read of every rank's `/metrics` before and one after it, a prefill rank finished a request
+  and a decode rank's `vllm:external_prefix_cache_hits_total` (KV received from prefill) rose
+  (`shell/pd_smoke.py`'s judgement; a decode-only fallback, an empty HTTP 200 or a bypassed prefill is
+  a problem naming the side that did not take part). The reads and the completion share the smoke's
+  deadline.
+* per instance: requests running and waiting (`vllm:num_requests_running`/`_waiting`) and the
+  requests its ranks finished (`vllm:request_success_total`, finished_reason stop/length) or failed
+  (abort/error), summed over its ranks.
 
 Everything expected that is missing or unhealthy becomes a `Problem(component, reason)`; the report
 is OK (exit code 0) only when there is none.
@@ -47,12 +55,14 @@ transferred token a second time as an "external hit" and push the effective rate
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import json
 import math
 import re
 import socket
 import sys
 import time
+import unicodedata
 from dataclasses import asdict, astuple, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Optional
@@ -60,8 +70,15 @@ from typing import Callable, Optional
 import etcd3gw
 import etcd3gw.exceptions
 import requests
+import requests.adapters
+import urllib3
+import urllib3.connection
+import urllib3.exceptions
 
+from . import term
+from .hang import ONE_SHOT_NOTE, Activity, HangTracker, InstanceVerdict, Observation
 from .plan import ROLES, Plan, Rank
+from .shell import pd_smoke
 
 WORKER_PREFIX = "/datasystem/cluster/"  # openYuanrong workers' registrations (leased keys)
 CONNECT_TIMEOUT_S = 2.0  # TCP connect: loopback/LAN answers in ms; longer means down or blackholed
@@ -70,7 +87,15 @@ REQUEST_TIMEOUT_S = 5.0  # whole request to etcd, a rank or the proxy's /healthc
 # something is wrong (or the first request is compiling graphs: raise --smoke-timeout).
 SMOKE_TIMEOUT_S = 10.0
 SMOKE_MAX_TOKENS = 8
-MAX_BODY_BYTES = 16 * 1024 * 1024  # /metrics of a big engine is ~100 kB; refuse runaway bodies
+# Size caps of one answer, so that an endpoint cannot grow the process (Content-Length above the cap
+# is refused before reading; a body without one is cut at the cap). /metrics of one engine is about
+# 100 kB; every JSON answer (health, models, healthcheck, smoke, etcd's status, member list and the
+# worker registrations: ~250 bytes per worker) is a few kB.
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+MAX_BODY_BYTES = 1024 * 1024  # every other answer
+# A Prometheus counter (`*_total`) is a finite count; larger than this is nonsense, and sums of such
+# values would overflow to inf.
+MAX_COUNTER = float(2 ** 63)
 MAX_THREADS = 256
 
 LOCAL_HITS = "vllm:prefix_cache_hits_total"
@@ -88,7 +113,7 @@ _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
 class MetricsParseError(ValueError):
-    pass
+    """A malformed /metrics answer (the message quotes at most 200 characters of the line)."""
 
 
 def _parse_labels(text: str, line: str) -> tuple[tuple[str, str], ...]:
@@ -100,11 +125,11 @@ def _parse_labels(text: str, line: str) -> tuple[tuple[str, str], ...]:
             return tuple(sorted(labels))
         m = _LABEL_NAME.match(text, pos)
         if not m:
-            raise MetricsParseError(f"bad labels in {line!r}")
+            raise MetricsParseError(f"bad labels in {line[:200]!r}")
         pos, value = m.end(), []
         while True:
             if pos >= len(text):
-                raise MetricsParseError(f"unterminated label value in {line!r}")
+                raise MetricsParseError(f"unterminated label value in {line[:200]!r}")
             ch = text[pos]
             if ch == "\\" and pos + 1 < len(text):
                 value.append(_ESCAPES.get(text[pos + 1], "\\" + text[pos + 1]))
@@ -119,29 +144,51 @@ def _parse_labels(text: str, line: str) -> tuple[tuple[str, str], ...]:
         while pos < len(text) and text[pos] in " \t":
             pos += 1
         if pos < len(text) and text[pos] != ",":
-            raise MetricsParseError(f"expected ',' between labels in {line!r}")
+            raise MetricsParseError(f"expected ',' between labels in {line[:200]!r}")
 
 
-def parse_prometheus(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+def parse_prometheus(text: str, *, deadline: Optional[float] = None
+                     ) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """Sample name -> {sorted label pairs -> value}. Comments (HELP/TYPE) are skipped, `_created`
-    samples (creation timestamps, not counts) are dropped; a malformed line raises MetricsParseError."""
+    samples (creation timestamps, not counts) are dropped; a malformed line raises MetricsParseError.
+    `deadline` (time.monotonic()): raise TimeoutError when parsing is not done by then."""
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for raw in text.splitlines():
+    # Lines end at "\n" only (the text format's rule); str.splitlines would also cut at \r, \x1c-\x1e,
+    # \x85 and \u2028 inside a label value. A "\r\n" line ending is stripped below.
+    for i, raw in enumerate(text.split("\n")):
+        if deadline is not None and not i % 1024 and time.monotonic() > deadline:
+            raise TimeoutError(f"not parsed by the deadline ({i} lines done)")
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         m = _SAMPLE.match(line)
         if not m:
-            raise MetricsParseError(f"bad sample line {raw!r}")
+            raise MetricsParseError(f"bad sample line {raw[:200]!r}")
         name, labels, value = m.group(1), m.group(2), m.group(3)
         if name.endswith("_created"):
             continue
         try:
             number = float(value)
         except ValueError:
-            raise MetricsParseError(f"bad value {value!r} in {raw!r}") from None
+            raise MetricsParseError(f"bad value {value[:40]!r} in {raw[:200]!r}") from None
         out.setdefault(name, {})[_parse_labels(labels or "", raw)] = number
     return out
+
+
+def _format_value(v: float) -> str:
+    return {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}.get(repr(v), repr(v))
+
+
+def _check_counters(samples: dict[str, dict]) -> None:
+    """Every counter (a `*_total` sample) must be a finite count in [0, 2**63): `+Inf`, `NaN` or a
+    negative counter raises MetricsParseError naming the sample (gauges may legitimately be NaN)."""
+    for name, series in samples.items():
+        if not name.endswith("_total"):
+            continue
+        for labels, v in series.items():
+            if not (math.isfinite(v) and 0 <= v < MAX_COUNTER):
+                shown = ",".join(f"{k}={json.dumps(val[:60])}" for k, val in labels)[:200]
+                raise MetricsParseError(f"counter {name}{{{shown}}} is {_format_value(v)}, not a count")
 
 
 def metric_sum(samples: dict[str, dict], name: str) -> float:
@@ -153,16 +200,31 @@ def metric_sum(samples: dict[str, dict], name: str) -> float:
 # Report
 
 
+MAX_TIMEOUT_S = 3600.0  # above this a "timeout" is no bound at all (and overflows socket/thread waits)
+
+
 @dataclass(frozen=True)
 class Timeouts:
+    """connect_s: a TCP connect (within each request's deadline); request_s: the deadline of every
+    request to etcd, a rank or the proxy, from connect to the last byte of the answer (its parsing
+    included); smoke_s: the same for the smoke chat completion."""
+
     connect_s: float = CONNECT_TIMEOUT_S
     request_s: float = REQUEST_TIMEOUT_S
     smoke_s: float = SMOKE_TIMEOUT_S
 
+    def __post_init__(self) -> None:
+        for name in ("connect_s", "request_s", "smoke_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+                raise ValueError(f"Timeouts.{name} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                                 f"not {value!r}")
+
     @property
     def bound_s(self) -> float:
-        """What one poll may take at most (plus thread and parsing overhead)."""
-        return max(self.request_s, self.smoke_s) + self.connect_s
+        """What one poll may take at most: all requests run at once, each ends by its own deadline
+        (plus thread scheduling, a few ms)."""
+        return max(self.request_s, self.smoke_s)
 
 
 @dataclass(frozen=True)
@@ -228,6 +290,49 @@ class HitRates:
 
 
 @dataclass(frozen=True)
+class RequestCounters:
+    """A rank's (or an instance's) requests: in flight now, and finished since start."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    succeeded: float = 0.0  # finished_reason stop or length
+    failed: float = 0.0  # finished_reason abort or error
+
+    def __add__(self, o: "RequestCounters") -> "RequestCounters":
+        return RequestCounters(*(a + b for a, b in zip(astuple(self), astuple(o))))
+
+    @classmethod
+    def from_samples(cls, samples: dict) -> "RequestCounters":
+        c = _pd_counts(samples)
+        return cls(c["running"], c["waiting"], c["served"], c["failed"])
+
+
+def _pd_counts(samples: dict) -> dict:
+    """A rank's counters in the form pd_smoke.judge reads, from parsed /metrics samples."""
+    served = failed = 0.0
+    for labels, v in samples.get("vllm:request_success_total", {}).items():
+        if math.isnan(v):
+            continue
+        if dict(labels).get("finished_reason", "length") in pd_smoke.SERVED:
+            served += v
+        else:
+            failed += v
+    return {"running": metric_sum(samples, "vllm:num_requests_running"),
+            "waiting": metric_sum(samples, "vllm:num_requests_waiting"), "served": served, "failed": failed,
+            "prompt_tokens": metric_sum(samples, "vllm:prompt_tokens_total"),
+            "generation_tokens": metric_sum(samples, "vllm:generation_tokens_total"),
+            "external_hits": metric_sum(samples, EXTERNAL_HITS)}
+
+
+@dataclass(frozen=True)
+class InstanceRequests:
+    instance: str  # prefill-0, decode-1
+    ranks: int  # ranks whose /metrics were read
+    of: int  # ranks of the instance
+    requests: RequestCounters
+
+
+@dataclass(frozen=True)
 class HitRateTable:
     seconds: Optional[float]  # None: since each rank started; else the interval length
     ranks: dict[str, HitRates]
@@ -271,6 +376,8 @@ class RankStatus:
     counters: Optional[CacheCounters]
     ok: bool
     reason: str = ""
+    requests: Optional[RequestCounters] = None
+    activity: Optional[Activity] = None  # what hang detection reads (None: /metrics failed)
 
 
 @dataclass(frozen=True)
@@ -290,6 +397,7 @@ class SmokeStatus:
     latency_s: Optional[float]
     text: str = ""
     reason: str = ""
+    served_by: str = ""  # "prefill <url> and decode <url>": the ranks whose counters rose
 
 
 @dataclass(frozen=True)
@@ -301,11 +409,14 @@ class StatusReport:
     workers: list[WorkerStatus]
     unexpected_workers: list[str]
     ranks: list[RankStatus]
+    requests: list[InstanceRequests]  # requests per instance
     proxy: ProxyStatus
     smoke: Optional[SmokeStatus]  # None when skipped
     since_start: HitRateTable
     interval: Optional[HitRateTable]
     problems: list[Problem]
+    instances: list[InstanceVerdict] = field(default_factory=list)
+    hang_note: str = ""  # what this poll cannot know about hangs (one poll, no history)
 
     @property
     def ok(self) -> bool:
@@ -339,13 +450,17 @@ def _connection_reason(text: str, t: Timeouts) -> str:
         return f"no answer within {t.request_s:g}s"
     if "No route to host" in text or "unreachable" in text:
         return "no route to host"
+    if "RemoteDisconnected" in text:
+        return "connection closed without an answer"
+    if "BadStatusLine" in text or "LineTooLong" in text or "got more than" in text:
+        return "not an HTTP answer: " + _short(text)
     return "connection failed: " + _short(text)
 
 
 def _why(exc: BaseException, t: Timeouts) -> str:
-    """The operator-facing reason of a failed check."""
+    """The operator-facing reason of a failed check (control characters escaped)."""
     if isinstance(exc, _Failure):
-        return str(exc)
+        return _printable(str(exc))
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         return f"no TCP connection within {t.connect_s:g}s (node down or blackholed)"
     if isinstance(exc, requests.exceptions.ReadTimeout):
@@ -361,33 +476,193 @@ def _why(exc: BaseException, t: Timeouts) -> str:
     return f"{type(exc).__name__}: {_short(str(exc))}"
 
 
+# What must not reach a terminal raw: C0/C1 controls and DEL (ANSI escape sequences, CR, BS, BEL),
+# format characters (bidi overrides, zero-width), line/paragraph separators, lone surrogates.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_NOT_PLAIN_ASCII = re.compile(r"[^ -~]")
+
+
+def _printable(text: str, keep: str = "") -> str:
+    """`text` with every unsafe character (but those in `keep`) written as a Python escape (`\\x1b`)."""
+
+    def escape(m: re.Match) -> str:
+        ch = m.group()
+        return ch if ch in keep or unicodedata.category(ch) not in _UNSAFE_CATEGORIES else ascii(ch)[1:-1]
+
+    return _NOT_PLAIN_ASCII.sub(escape, text)
+
+
 def _short(text: str, n: int = 160) -> str:
-    text = " ".join(text.split())
+    """One line of at most n characters, control characters escaped: it is shown to people."""
+    text = _printable(" ".join(text.split()))
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _http(method: str, url: str, t: Timeouts, total_s: float, body: Optional[dict] = None
-          ) -> tuple[int, bytes]:
-    """One HTTP request bounded by connect timeout + `total_s` for the whole answer."""
-    deadline = time.monotonic() + total_s
-    with requests.Session() as session:
+def _field(text: str, n: int = 80) -> str:
+    """A value from an answer (a name, a URL, a state) as shown: escaped, at most n characters."""
+    text = _printable(text)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _snippet(obj: object, n: int = 60) -> str:
+    """A decoded JSON value, for a message."""
+    return _short(json.dumps(obj, default=repr)[: 4 * n], n)
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n and not n % (1 << 20) else f"{n}-byte"
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded HTTP: one deadline per request (connect, headers, body), one size cap per answer.
+#
+# requests/urllib3 timeouts bound each socket operation, not a request: a peer that sends one byte a
+# second, in the headers or in the body, never trips them, and `iter_content(65536)` on a
+# Content-Length body waits for 64 KiB before anyone looks at the clock. Here every socket of a
+# request carries the request's deadline and each blocking call on it may wait only for what is left;
+# the whole answer is read before `request()` returns, under a size cap. etcd3gw takes a requests
+# Session, so its calls go through the same code.
+
+_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("ascend_pd_status_deadline")
+
+
+class _DeadlineSocket(socket.socket):
+    """A connected socket whose every blocking call returns by `deadline` (time.monotonic())."""
+
+    deadline = 0.0
+
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")  # socket.timeout: urllib3 maps it to a read timeout
+        self.settimeout(left)
+
+    def recv(self, *args):
+        self._arm()
+        return super().recv(*args)
+
+    def recv_into(self, *args):
+        self._arm()
+        return super().recv_into(*args)
+
+    def send(self, *args):
+        self._arm()
+        return super().send(*args)
+
+    def sendall(self, *args):
+        self._arm()
+        return super().sendall(*args)
+
+
+class _DeadlineConnection(urllib3.connection.HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        deadline = _DEADLINE.get()  # set by _BoundedSession.request (LookupError: a connection outside it)
+        sock = super()._new_conn()  # connected, within the connect timeout (itself within the deadline)
+        timeout = sock.gettimeout()
+        bounded = _DeadlineSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        bounded.settimeout(timeout)
+        bounded.deadline = deadline
+        return bounded
+
+
+class _DeadlinePool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _DeadlineConnection
+
+
+class _DeadlineAdapter(requests.adapters.HTTPAdapter):
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _DeadlinePool}  # the cluster speaks plain HTTP
+
+
+class _BoundedSession(requests.Session):
+    """The requests of one check share one deadline, `total_s` from the session's creation (one
+    request for a rank's /metrics; etcd3gw's version discovery, status and member list for etcd's
+    members). Each answer is read whole, under `max_bytes`, before `request()` returns it
+    (`resp.content`). No redirects, retries, proxies or compressed answers."""
+
+    def __init__(self, t: Timeouts, total_s: float, max_bytes: int):
+        super().__init__()
         # Cluster addresses are reached directly: an operator's HTTP(S)_PROXY would capture them.
-        session.trust_env = False
-        return _read(session.request(method, url, json=body, stream=True, timeout=(t.connect_s, total_s),
-                                     headers={"Connection": "close"}), deadline, total_s)
+        self.trust_env = False
+        # identity: a compressed answer could expand past any cap.
+        self.headers.update({"Connection": "close", "Accept-Encoding": "identity"})
+        self.connect_s, self.total_s, self.max_bytes = t.connect_s, total_s, max_bytes
+        self.deadline = time.monotonic() + total_s
+        self.mount("http://", _DeadlineAdapter(max_retries=0))
+
+    def request(self, method, url, **kwargs) -> requests.Response:
+        if not str(url).startswith("http://"):
+            raise _Failure(f"not polled: {_field(str(url))} is not an http:// URL")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _Failure(f"no answer within {self.total_s:g}s")
+        kwargs.update(stream=True, allow_redirects=False, timeout=(min(self.connect_s, left), left))
+        token = _DEADLINE.set(self.deadline)
+        try:
+            resp = super().request(method, url, **kwargs)
+            _read(resp, self.deadline, self.total_s, self.max_bytes)
+        finally:
+            _DEADLINE.reset(token)
+        return resp
 
 
-def _read(resp: requests.Response, deadline: float, total_s: float) -> tuple[int, bytes]:
+def _http(method: str, url: str, t: Timeouts, total_s: float, body: Optional[dict] = None, *,
+          max_bytes: int = MAX_BODY_BYTES) -> tuple[int, bytes]:
+    """One HTTP request, done within `total_s` (connect, request, the whole answer), its answer
+    under `max_bytes`; else _Failure (or requests' connect/read timeout and connection errors)."""
+    with _BoundedSession(t, total_s, max_bytes) as session:
+        resp = session.request(method, url, json=body)
+        return resp.status_code, resp.content
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _read(resp: requests.Response, deadline: float, total_s: float, max_bytes: int = MAX_BODY_BYTES
+          ) -> tuple[int, bytes]:
+    """Read the whole answer of `resp` (a stream=True response on a _DeadlineSocket) by `deadline`
+    and under `max_bytes`, keep it as `resp.content`, close the response."""
     with resp:
-        chunks, size = [], 0
-        for chunk in resp.iter_content(65536):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise _Failure(f"answer larger than {MAX_BODY_BYTES} bytes")
-            if time.monotonic() > deadline:
-                raise _Failure(f"answer not complete within {total_s:g}s")
-        return resp.status_code, b"".join(chunks)
+        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise _Failure(f"answer is {_field(encoding, 20)}-encoded, identity was asked for")
+        length = resp.headers.get("Content-Length", "").strip()
+        if _DIGITS.fullmatch(length) and (len(length.lstrip("0")) > 18 or int(length) > max_bytes):
+            raise _Failure(f"answer of {_field(length.lstrip('0'), 24)} bytes (Content-Length) "
+                           f"is larger than the {_size(max_bytes)} cap")
+        body = bytearray()
+        try:
+            for chunk in resp.raw.stream(65536, decode_content=False):
+                if len(body) + len(chunk) > max_bytes:
+                    raise _Failure(f"answer larger than the {_size(max_bytes)} cap")
+                body += chunk
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if isinstance(exc, urllib3.exceptions.ReadTimeoutError) or time.monotonic() >= deadline:
+                raise _Failure(f"answer not complete within {total_s:g}s") from None
+            raise _Failure(f"answer cut off: {_short(str(exc), 80)}") from None
+        # requests' own attribute behind resp.content/.text/.json(), which etcd3gw reads.
+        resp._content = bytes(body)
+        if resp.encoding is None:
+            resp.encoding = "utf-8"  # else .text would guess the charset over the whole body
+        return resp.status_code, resp._content
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} overflows a float")
+    return value
+
+
+def _loads(body: bytes) -> object:
+    """Strict JSON: NaN, Infinity and numbers that overflow to inf are refused (and can never make
+    `--json` output invalid)."""
+    return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def _get_json(url: str, t: Timeouts) -> object:
@@ -395,54 +670,94 @@ def _get_json(url: str, t: Timeouts) -> object:
     if code != 200:
         raise _Failure(f"HTTP {code} {_short(body.decode(errors='replace'), 80)}".rstrip())
     try:
-        return json.loads(body)
-    except ValueError:
+        return _loads(body)
+    except (ValueError, RecursionError):
         raise _Failure(f"not JSON: {_short(body.decode(errors='replace'), 80)!r}") from None
 
 
-def _etcd_client(plan: Plan, t: Timeouts):
-    c = etcd3gw.client(host=plan.etcd.address, port=plan.etcd.client_port,
-                       timeout=(t.connect_s, t.request_s))
-    c.session.trust_env = False  # no HTTP proxy between the operator and etcd
-    return c
+def _etcd_client(plan: Plan, t: Timeouts) -> etcd3gw.Etcd3Client:
+    """An etcd3gw client on a _BoundedSession: all the requests of one check end within t.request_s
+    together, each answer under MAX_BODY_BYTES."""
+    return etcd3gw.client(host=plan.etcd.address, port=plan.etcd.client_port,
+                          session=_BoundedSession(t, t.request_s, MAX_BODY_BYTES))
+
+
+def _etcd_call(call: Callable[[], object], what: str) -> object:
+    """etcd3gw indexes the gateway's answers blindly: an answer of the wrong shape becomes a _Failure
+    naming the call (etcd3gw's own exceptions and transport errors pass through to _why)."""
+    try:
+        return call()
+    except requests.exceptions.JSONDecodeError:  # a ValueError and a RequestException
+        raise _Failure(f"malformed {what} answer from the etcd gateway: not JSON") from None
+    except (etcd3gw.exceptions.Etcd3Exception, _Failure, requests.exceptions.RequestException):
+        raise
+    except (LookupError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise _Failure(f"malformed {what} answer from the etcd gateway "
+                       f"({type(exc).__name__}: {_short(str(exc), 60)})") from None
 
 
 def _check_etcd_health(plan: Plan, t: Timeouts) -> dict:
     health = _get_json(f"{plan.etcd.client_url}/health", t)
     if not isinstance(health, dict) or str(health.get("health")).lower() != "true":
-        raise _Failure(f"/health says {json.dumps(health)[:120]}")
+        raise _Failure(f"/health says {_snippet(health, 120)}")
     return health
 
 
+def _str_list(x: object) -> bool:
+    return isinstance(x, list) and all(isinstance(u, str) for u in x)
+
+
 def _check_etcd_members(plan: Plan, t: Timeouts) -> tuple[str, str, list[dict]]:
+    """(version, leader's name, members); every string escaped and shortened for display."""
     c = _etcd_client(plan, t)
     try:
-        status = c.status()
-        members = c.members()
+        status = _etcd_call(c.status, "status")
+        members = _etcd_call(c.members, "member list")
     finally:
         c.session.close()
-    leader = str(status.get("leader", ""))
-    names = {str(m.get("ID")): m.get("name", "") for m in members}
-    return (
-        status.get("version", "?"),
-        names.get(leader, leader) if leader not in ("", "0") else "",
-        [{"name": m.get("name", ""), "client_urls": list(m.get("clientURLs", [])),
-          "peer_urls": list(m.get("peerURLs", []))} for m in members],
-    )
+    bad = "malformed {} answer from the etcd gateway: {}".format
+    if not isinstance(status, dict):
+        raise _Failure(bad("status", _snippet(status)))
+    version, leader = status.get("version", "?"), status.get("leader", "")
+    if not isinstance(version, str):
+        raise _Failure(bad("status", f"version {_snippet(version)}, not a string"))
+    if isinstance(leader, bool) or not isinstance(leader, (str, int)):
+        raise _Failure(bad("status", f"leader {_snippet(leader)}, not a member ID"))
+    if not isinstance(members, list):
+        raise _Failure(bad("member list", _snippet(members)))
+    names, out = {}, []
+    for i, m in enumerate(members):
+        if not isinstance(m, dict):
+            raise _Failure(bad("member list", f"member {i} is {_snippet(m)}"))
+        name, client, peer = m.get("name", ""), m.get("clientURLs", []), m.get("peerURLs", [])
+        if not isinstance(name, str):
+            raise _Failure(bad("member list", f"member {i} has the name {_snippet(name)}, not a string"))
+        if not (_str_list(client) and _str_list(peer)):
+            raise _Failure(bad("member list", f"member {i} has URLs {_snippet([client, peer])}"))
+        names[str(m.get("ID"))] = _field(name)
+        out.append({"name": _field(name), "client_urls": [_field(u) for u in client[:16]],
+                    "peer_urls": [_field(u) for u in peer[:16]]})
+    leader = str(leader)
+    return _field(version, 40), names.get(leader, _field(leader)) if leader not in ("", "0") else "", out
 
 
 def _check_registrations(plan: Plan, t: Timeouts) -> dict[str, str]:
-    """Registered worker address -> state (the value is `<timestamp>;<state>`)."""
+    """Registered worker address -> state (the value is `<timestamp>;<state>`), both escaped and
+    shortened for display."""
     c = _etcd_client(plan, t)
     try:
-        found = c.get_prefix(WORKER_PREFIX)
+        found = _etcd_call(lambda: c.get_prefix(WORKER_PREFIX), "key range")
     finally:
         c.session.close()
+    prefix = WORKER_PREFIX.encode()
     out = {}
-    for value, meta in found:
-        key = meta["key"].decode() if isinstance(meta["key"], bytes) else str(meta["key"])
+    for value, meta in found:  # etcd3gw's list of (value, metadata) with both base64-decoded to bytes
+        key = meta.get("key")
+        if not isinstance(key, bytes) or not key.startswith(prefix):
+            raise _Failure(f"malformed key range answer from the etcd gateway: key {_field(repr(key), 60)} "
+                           f"is not under {WORKER_PREFIX}")
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        out[key[len(WORKER_PREFIX):]] = text.rsplit(";", 1)[-1] if ";" in text else text
+        out[_field(key[len(prefix):].decode(errors="replace"))] = _field(text.rsplit(";", 1)[-1], 40)
     return out
 
 
@@ -471,16 +786,27 @@ def _check_rank_models(r: Rank, t: Timeouts) -> list[str]:
     except _Failure as exc:
         raise _Failure(f"/v1/models: {exc}") from None
     try:
-        return [str(m["id"]) for m in answer["data"]]
+        return [_field(str(m["id"]), 200) for m in answer["data"]]
     except (KeyError, TypeError):
-        raise _Failure(f"/v1/models: unexpected answer {json.dumps(answer)[:100]}") from None
+        raise _Failure(f"/v1/models: unexpected answer {_snippet(answer, 100)}") from None
 
 
-def _check_rank_metrics(r: Rank, t: Timeouts) -> CacheCounters:
-    code, body = _http("GET", f"http://{r.address}:{r.port}/metrics", t, t.request_s)
+def _metrics_samples(url: str, t: Timeouts, total_s: float) -> dict:
+    deadline = time.monotonic() + total_s  # parsing a big answer counts too
+    code, body = _http("GET", f"{url}/metrics", t, total_s, max_bytes=MAX_METRICS_BYTES)
     if code != 200:
         raise _Failure(f"/metrics: HTTP {code}")
-    return CacheCounters.from_samples(parse_prometheus(body.decode("utf-8", errors="replace")))
+    try:
+        samples = parse_prometheus(body.decode("utf-8", errors="replace"), deadline=deadline)
+    except TimeoutError:
+        raise _Failure(f"/metrics: {len(body)} bytes not parsed within {total_s:g}s") from None
+    _check_counters(samples)
+    return samples
+
+
+def _check_rank_metrics(r: Rank, t: Timeouts) -> tuple[CacheCounters, RequestCounters, Activity]:
+    samples = _metrics_samples(f"http://{r.address}:{r.port}", t, t.request_s)
+    return CacheCounters.from_samples(samples), RequestCounters.from_samples(samples), Activity.from_samples(samples)
 
 
 def _check_proxy(plan: Plan, t: Timeouts) -> dict:
@@ -490,30 +816,62 @@ def _check_proxy(plan: Plan, t: Timeouts) -> dict:
     return answer
 
 
-def _smoke(plan: Plan, t: Timeouts) -> tuple[float, str]:
+SMOKE_METRICS_THREADS = 16  # concurrent /metrics reads of the smoke (answers are capped at 4 MiB)
+
+
+def _pd_snapshot(urls: list[str], t: Timeouts, until: float) -> dict:
+    """Every rank's counters for the P/D judgement, read by `until` (time.monotonic()); None where a
+    read failed or did not finish in time."""
+    def one(url: str):
+        left = until - time.monotonic()
+        return _pd_counts(_metrics_samples(url, t, left)) if left > 0 else None
+
+    out: dict = dict.fromkeys(urls)
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, min(SMOKE_METRICS_THREADS, len(urls))),
+                                 thread_name_prefix="smoke")
+    try:
+        futures = {pool.submit(one, u): u for u in urls}
+        done, _ = cf.wait(futures, timeout=max(0.0, until - time.monotonic()))
+        for f in done:
+            if f.exception() is None:
+                out[futures[f]] = f.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return out
+
+
+def _smoke(plan: Plan, t: Timeouts) -> tuple[float, str, str]:
+    """One chat completion that a prefill and a decode rank must both serve (pd_smoke.judge), every
+    rank's /metrics read before and after it, all within the smoke's deadline."""
     body = {
         "model": plan.cfg.model.served_name,
         "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": SMOKE_MAX_TOKENS, "temperature": 0, "stream": False,
         "chat_template_kwargs": {"enable_thinking": False},
     }
+    ranks = json.loads(plan.proxy.backends_json)
+    urls = ranks["prefill"] + ranks["decode"]
+    started = time.monotonic()
+    deadline = started + t.smoke_s
+    phase = min(t.request_s, t.smoke_s / 4)  # each round of /metrics; the completion gets the rest
+    before = _pd_snapshot(urls, t, started + phase)
     t0 = time.monotonic()
-    ts = replace(t, request_s=t.smoke_s)
+    budget = max(deadline - phase - t0, 0.001)
+    ts = replace(t, request_s=budget)
     try:
-        code, raw = _http("POST", f"{plan.proxy.url}/v1/chat/completions", ts, t.smoke_s, body)
+        code, raw = _http("POST", f"{plan.proxy.url}/v1/chat/completions", ts, budget, body)
+    except _Failure as exc:  # the completion's share of the deadline varies: name the deadline itself
+        raise _Failure(re.sub(r"within [0-9.e+-]+s", f"within {t.smoke_s:g}s", str(exc))) from None
     except Exception as exc:  # noqa: BLE001 - reported with the smoke's own timeout
-        raise _Failure(_why(exc, ts)) from None
+        raise _Failure(_why(exc, replace(t, request_s=t.smoke_s))) from None
     latency = time.monotonic() - t0
-    if code != 200:
-        raise _Failure(f"HTTP {code} {_short(raw.decode(errors='replace'), 100)}".rstrip())
-    try:
-        msg = json.loads(raw)["choices"][0]["message"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise _Failure(f"no chat completion in the answer: {_short(raw.decode(errors='replace'), 100)!r}") from None
+    after = _pd_snapshot(urls, t, deadline)
+    ok, message = pd_smoke.judge(ranks, before, after, code, raw, latency, t.smoke_s)
+    if not ok:
+        raise _Failure(message)
+    msg = json.loads(raw)["choices"][0]["message"]
     text = msg.get("content") or msg.get("reasoning") or msg.get("reasoning_content") or ""
-    if not str(text).strip():
-        raise _Failure(f"the completion has no text after {latency:.2f}s: {json.dumps(msg)[:100]}")
-    return latency, " ".join(str(text).split())[:60]
+    return latency, " ".join(str(text).split())[:60], message.split(" in ", 1)[0]
 
 
 def _rank_component(r: Rank) -> str:
@@ -606,7 +964,18 @@ def _rank_verdict(plan: Plan, r: Rank, results: dict) -> RankStatus:
         why.append(f"/v1/models lists {models}, not {served!r}")
     return RankStatus(name=r.name, role=r.role, instance=r.instance, dp_rank=r.dp_rank, node=r.node,
                       url=f"http://{r.address}:{r.port}", health=hok, model_listed=listed, models=models,
-                      metrics=xok, counters=xv if xok else None, ok=not why, reason="; ".join(why))
+                      metrics=xok, counters=xv[0] if xok else None, ok=not why, reason="; ".join(why),
+                      requests=xv[1] if xok else None, activity=xv[2] if xok else None)
+
+
+def _instance_requests(plan: Plan, ranks: list[RankStatus]) -> list[InstanceRequests]:
+    out = []
+    for inst in plan.instances:
+        mine = [rs for rs in ranks if rs.role == inst.role and rs.instance == inst.index]
+        read = [rs.requests for rs in mine if rs.requests is not None]
+        out.append(InstanceRequests(inst.name, len(read), len(mine),
+                                    sum(read, RequestCounters())))
+    return out
 
 
 def _proxy_verdict(plan: Plan, results: dict) -> ProxyStatus:
@@ -632,11 +1001,13 @@ def collect_status(
     previous: Optional[StatusReport] = None,
     smoke: bool = True,
     progress: Optional[Callable[[int, int], None]] = None,
+    tracker: Optional[HangTracker] = None,
 ) -> StatusReport:
     """Poll everything the plan expects, concurrently, and return the report.
 
     `previous` (an earlier report of the same plan) adds hit rates over the interval between them;
-    `progress(done, total)` is called as requests finish (for a progress indicator)."""
+    `progress(done, total)` is called as requests finish (for a progress indicator); `tracker` keeps
+    the ranks' counters across polls (hang detection; without one, this poll is judged alone)."""
     t = timeouts
     started, t0 = time.time(), time.monotonic()
     jobs: dict[tuple, Callable[[], object]] = {
@@ -663,13 +1034,18 @@ def collect_status(
     problems += worker_problems
     ranks = [_rank_verdict(plan, r, results) for r in plan.ranks]
     problems += [Problem(_rank_component(r), rs.reason) for r, rs in zip(plan.ranks, ranks) if not rs.ok]
+    instances, hang_note = _instance_verdicts(plan, ranks, started, tracker)
+    for v in instances:
+        if v.state in ("hung", "split"):  # dead ranks are problems of their own already
+            problems.append(Problem(f"instance {v.instance}", f"broken ({v.state}): " + "; ".join(v.evidence)))
     proxy_status = _proxy_verdict(plan, results)
     if not proxy_status.ok:
         problems.append(Problem(f"proxy {plan.proxy.url}", proxy_status.reason))
     smoke_status = None
     if smoke:
         sok, sv = results[("proxy", "smoke")]
-        smoke_status = SmokeStatus(True, round(sv[0], 4), sv[1]) if sok else SmokeStatus(False, None, "", sv)
+        smoke_status = (SmokeStatus(True, round(sv[0], 4), sv[1], served_by=sv[2]) if sok
+                        else SmokeStatus(False, None, "", sv))
         if not sok:
             problems.append(Problem(f"smoke chat completion via {plan.proxy.url}", sv))
 
@@ -682,9 +1058,28 @@ def collect_status(
         interval = _table(plan, deltas, round(started - previous.polled_at, 3))
     return StatusReport(
         stack=plan.stack, polled_at=started, elapsed_s=round(time.monotonic() - t0, 3), etcd=etcd_status,
-        workers=workers, unexpected_workers=unexpected, ranks=ranks, proxy=proxy_status,
+        workers=workers, unexpected_workers=unexpected, ranks=ranks,
+        requests=_instance_requests(plan, ranks), proxy=proxy_status,
         smoke=smoke_status, since_start=since_start, interval=interval, problems=problems,
+        instances=instances, hang_note=hang_note,
     )
+
+
+def hang_tracker(plan: Plan) -> HangTracker:
+    """A tracker with the stack's hang.seconds; a DP group forms within vllm.readyTimeoutS."""
+    return HangTracker(plan.cfg.hang.seconds, plan.cfg.vllm.ready_timeout_s)
+
+
+def _instance_verdicts(plan: Plan, ranks: list[RankStatus], now: float, tracker: Optional[HangTracker]
+                       ) -> tuple[list[InstanceVerdict], str]:
+    one_shot = tracker is None
+    tracker = tracker or hang_tracker(plan)
+    by_name = {rs.name: rs for rs in ranks}
+    obs = [Observation(r.name, inst.name, by_name[r.name].health,
+                       by_name[r.name].reason if not by_name[r.name].health else "", by_name[r.name].activity)
+           for inst in plan.instances for r in inst.ranks]
+    verdicts = tracker.observe(obs, now)
+    return verdicts, ONE_SHOT_NOTE if one_shot or tracker.polls < 2 else ""
 
 
 def _table(plan: Plan, counters: dict[str, CacheCounters], seconds: Optional[float]) -> HitRateTable:
@@ -714,13 +1109,13 @@ def _ratio(rate: Optional[float], hits: float, queries: float) -> str:
     return f"{_pct(rate)} ({_num(hits)}/{_num(queries)})"
 
 
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-
-
 def format_table(plan: Plan, rep: StatusReport) -> str:
-    """The report for people."""
+    """The report for people, as plain text."""
+    return term.plain(report_blocks(plan, rep)) + "\n"
+
+
+def report_blocks(plan: Plan, rep: StatusReport) -> list[term.Block]:
+    """The report for people: lines and tables (drawn by rich on a terminal, plain otherwise)."""
     when = datetime.fromtimestamp(rep.polled_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     verdict = "OK" if rep.ok else f"{len(rep.problems)} PROBLEM(S)"
     out = [f"ascend-pd status  stack {rep.stack}  {when}  polled in {rep.elapsed_s:.2f}s: {verdict}", ""]
@@ -739,24 +1134,35 @@ def format_table(plan: Plan, rep: StatusReport) -> str:
     px = rep.proxy
     proxy_detail = (f"{px.prefill_instances}/{px.expected_prefill} prefill, "
                     f"{px.decode_instances}/{px.expected_decode} decode instances") if px.ok else px.reason
-    rows = [("COMPONENT", "STATE", "DETAIL"),
-            (f"etcd {e.endpoint}", "ok" if e.ok else "FAIL", etcd_detail),
+    rows = [(f"etcd {e.endpoint}", "ok" if e.ok else "FAIL", etcd_detail),
             ("openYuanrong workers", "ok" if not w_bad else "FAIL", worker_detail),
             (f"proxy {px.url}", "ok" if px.ok else "FAIL", proxy_detail)]
     if rep.smoke is not None:
         s = rep.smoke
         rows.append(("smoke chat completion", "ok" if s.ok else "FAIL",
-                     f"{s.latency_s:.2f}s: {s.text!r}" if s.ok else s.reason))
+                     f"{s.latency_s:.2f}s via {s.served_by}: {s.text!r}" if s.ok else s.reason))
     n_ok = sum(r.ok for r in rep.ranks)
     rows.append(("vLLM ranks", "ok" if n_ok == len(rep.ranks) else "FAIL",
                  f"{n_ok}/{len(rep.ranks)} healthy, serving {plan.cfg.model.served_name!r}"))
-    out += _columns(rows)
+    out.append(term.Table(("COMPONENT", "STATE", "DETAIL"), rows))
+
+    if rep.instances:
+        out += ["", "INSTANCES (broken = a rank dead or hung, or ranks not in one DP group)"]
+        irows = [("INSTANCE", "STATE", "EVIDENCE")]
+        for v in rep.instances:
+            busy = sum(r.state == "busy" for r in v.ranks)
+            detail = "; ".join(v.evidence) if v.evidence else (
+                f"{len(v.ranks)} rank(s) healthy" + (f", {busy} busy" if busy else ""))
+            irows.append((v.instance, v.state if v.state == "ok" else v.state.upper(), detail))
+        out.append(term.Table(irows[0], irows[1:]))
+        if rep.hang_note:
+            out.append("note: " + rep.hang_note)
 
     iv = rep.interval
     head = ["RANK", "NODE", "ENDPOINT", "STATE", "LOCAL PREFIX HIT", "EXTERNAL HIT", "EFFECTIVE"]
     if iv is not None:
         head += [f"LOCAL {iv.seconds:.0f}s", f"EXT {iv.seconds:.0f}s", f"EFF {iv.seconds:.0f}s"]
-    rows = [tuple(head)]
+    rows = []
 
     def rate_cells(h: Optional[HitRates], hi: Optional[HitRates]) -> list[str]:
         cells = (["-", "-", "-"] if h is None else
@@ -779,32 +1185,50 @@ def format_table(plan: Plan, rep: StatusReport) -> str:
     n_prefill = len([r for r in rep.ranks if r.role == "prefill"])
     rows.append(("cluster", "", f"{c.ranks}/{n_prefill} prefill ranks", "",
                  *rate_cells(c, iv.cluster if iv else None)))
+    requests_rows = [("INSTANCE", "RANKS READ", "RUNNING", "WAITING", "SUCCEEDED", "FAILED")]
+    for ir in rep.requests:
+        q = ir.requests
+        requests_rows.append((ir.instance, f"{ir.ranks}/{ir.of}", _num(q.running), _num(q.waiting),
+                              _num(q.succeeded), _num(q.failed)))
+    out += ["", "Requests per instance: in flight now, finished since each rank started "
+            "(succeeded: stop/length; failed: abort/error)"]
+    out.append(term.Table(requests_rows[0], requests_rows[1:]))
     out += ["", "KV cache hit rates since start" + (f" and over the last {iv.seconds:.1f}s" if iv else "")
             + " (hits/queries in tokens; effective = (local + external hits) / local queries)"]
-    out += _columns(rows)
+    out.append(term.Table(tuple(head), rows))
     out.append("note: cluster = the prompt side (prefill ranks); decode 'external' hits are KV received "
                "from prefill through Mooncake, not openYuanrong pool hits")
     if rep.problems:
         out += ["", f"PROBLEMS ({len(rep.problems)})"] + [f"  {p}" for p in rep.problems]
-    return "\n".join(out) + "\n"
+    return out
 
 
-class _Progress:
-    """`\\r`-updated polling counter on stderr, only when stderr is a terminal."""
+def _finite(obj: object) -> object:
+    """JSON has no NaN or Infinity: a non-finite float becomes null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.active = bool(getattr(self.stream, "isatty", lambda: False)())
 
-    def __call__(self, done: int, total: int) -> None:
-        if self.active:
-            self.stream.write(f"\rpolling {done}/{total} checks...")
-            self.stream.flush()
+def _to_json(rep: StatusReport, indent: Optional[int] = 2) -> str:
+    """The report as strict JSON (no NaN/Infinity; ASCII only, so no control character is written raw)."""
+    return json.dumps(_finite(rep.to_dict()), indent=indent, allow_nan=False, ensure_ascii=True)
 
-    def clear(self) -> None:
-        if self.active:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+
+def _for_terminal(text: str) -> str:
+    """Text for a terminal: every control character but the newline escaped (`\\x1b`), whatever an
+    endpoint put into the report."""
+    return _printable(text, keep="\n")
+
+
+def _safe_blocks(blocks: list[term.Block]) -> list[term.Block]:
+    """Every line and cell with its control characters escaped, as `_for_terminal` does for text."""
+    return [term.Table(b.head, [tuple(_printable(c) for c in row) for row in b.rows], b.title)
+            if isinstance(b, term.Table) else _for_terminal(b) for b in blocks]
 
 
 def run(plan: Plan, *, as_json: bool = False, watch: Optional[float] = None, count: Optional[int] = None,
@@ -812,33 +1236,36 @@ def run(plan: Plan, *, as_json: bool = False, watch: Optional[float] = None, cou
     """The `status` command: one poll (or one every `watch` seconds, `count` times or until ^C).
     Returns the exit code of the last poll: 0 all healthy, 1 something missing or unhealthy."""
     out = out or sys.stdout
-    progress = _Progress(err)
+    err = err or sys.stderr
     previous: Optional[StatusReport] = None
     code, polls = 1, 0
+    tracker = hang_tracker(plan) if watch else None  # one poll has no history: it says so
     try:
         while True:
-            rep = collect_status(plan, timeouts=timeouts, previous=previous, smoke=smoke, progress=progress)
-            progress.clear()
+            with term.progress("polling", err) as progress:
+                rep = collect_status(plan, timeouts=timeouts, previous=previous, smoke=smoke, progress=progress,
+                                     tracker=tracker)
             if as_json:
-                out.write(json.dumps(rep.to_dict(), indent=None if watch else 2) + "\n")
-            else:
-                if watch and polls and getattr(out, "isatty", lambda: False)():
+                out.write(_to_json(rep, indent=None if watch else 2) + "\n")
+            elif term.is_terminal(out):
+                if watch and polls:
                     out.write("\033[H\033[2J")
-                elif watch and polls:
+                term.write(_safe_blocks(report_blocks(plan, rep)), out)
+            else:
+                if watch and polls:
                     out.write("\n")
-                out.write(format_table(plan, rep))
+                out.write(_for_terminal(format_table(plan, rep)))
             out.flush()
             code, polls, previous = rep.exit_code, polls + 1, rep
             if not watch or (count is not None and polls >= count):
                 return code
             time.sleep(max(0.0, watch - (time.time() - rep.polled_at)))
     except KeyboardInterrupt:
-        progress.clear()
         return code
 
 
 __all__ = [
-    "collect_status", "run", "format_table", "parse_prometheus", "metric_sum", "Timeouts", "StatusReport",
+    "collect_status", "run", "hang_tracker", "format_table", "parse_prometheus", "metric_sum", "Timeouts", "StatusReport",
     "Problem", "CacheCounters", "HitRates", "HitRateTable", "EtcdStatus", "WorkerStatus", "RankStatus",
     "ProxyStatus", "SmokeStatus", "MetricsParseError",
 ]

@@ -1,0 +1,172 @@
+"""Compare two sides of a stack: validate the new one, capture both Pulumi graphs under the SDK's
+mocks, run the engine model from the old graph (as the state of the last `up`) to the new one, and
+collect what a reviewer needs: the steps in order, the script diffs per node, the service effect."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..engine.capture import COMMAND, Graph, capture, plain
+from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE, Step, plan_up
+from ..errors import ConfigError
+from ..loader import load_config
+from ..plan import Plan, build_plan
+from .effect import Effect, analyse, node_of, scripts_by_resource
+from .scriptdiff import collapse, library_changes, library_texts, unified
+from .sources import Side
+
+SHOWN_VALUE_CHARS = 160
+_GRAPHS: dict[str, Graph] = {}  # capture is deterministic: one run per (stack, config) per process
+
+
+@dataclass(frozen=True)
+class StepView:
+    order: int  # 1-based, in the engine's start order (simulated)
+    op: str
+    name: str
+    type: str
+    node: str
+    why: tuple[str, ...]
+    phase: str
+    start_s: float
+
+
+@dataclass(frozen=True)
+class ScriptChange:
+    node: str
+    resource: str
+    op: str
+    diff: tuple[str, ...]  # unified diff of the create (libraries collapsed); empty: only other inputs
+    inputs: tuple[str, ...]  # other changed inputs ("triggers", "delete", or "image: a -> b")
+
+
+@dataclass
+class Change:
+    stack: str
+    base: Side
+    new: Side
+    problems: Optional[ConfigError] = None  # the new config's: then nothing else is computed
+    base_problem: Optional[ConfigError] = None  # an invalid base is compared as an empty state
+    steps: list[StepView] = field(default_factory=list)
+    scripts: list[ScriptChange] = field(default_factory=list)
+    libraries: dict[str, list[str]] = field(default_factory=dict)
+    effect: Optional[Effect] = None
+    resources: int = 0  # in the new graph
+    parallel: int = 0  # the `pulumi up --parallel` the new plan asks for (the timing uses it)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.steps)
+
+
+def graph_of(stack: str, config: dict[str, str]) -> Graph:
+    key = json.dumps([stack, sorted(config.items())])
+    if key not in _GRAPHS:
+        _GRAPHS[key] = capture(config, stack=stack)
+    return _GRAPHS[key]
+
+
+def plan_of(stack: str, config: dict[str, str]) -> Plan:
+    return build_plan(load_config({k.split(":", 1)[1]: v for k, v in config.items()}), stack)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(plain(value), sort_keys=True) if not isinstance(plain(value), str) else plain(value)
+    return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 3] + "..."
+
+
+def _inputs_changed(step: Step) -> tuple[str, ...]:
+    old = step.old.inputs if step.old is not None else {}
+    new = step.new.inputs if step.new is not None else {}
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if step.type == COMMAND and key == "create":
+            continue
+        if plain(old.get(key)) == plain(new.get(key)):
+            if key in step.why:
+                out.append(f"{key}: changes with a replaced dependency")
+            continue
+        if key in ("connection",):
+            out.append(f"{key}: changed (secret: not shown)")
+        elif step.type == COMMAND and key == "delete":
+            out.append("delete: changed (the old delete runs only when the resource is replaced or removed)")
+        else:
+            out.append(f"{key}: {_short(old.get(key))} -> {_short(new.get(key))}" if key in old and key in new
+                       else f"{key}: {'added' if key in new else 'removed'}")
+    if not out and step.op == REPLACE and step.why:
+        # Forced out by a replaced dependency (its container): the old delete ran first, then this create.
+        out.append(f"{', '.join(step.why)}: its old delete runs first, then its create again")
+    return tuple(out)
+
+
+def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] = lambda _: None) -> Change:
+    change = Change(stack, base, new)
+    if new.problem is not None:
+        change.problems = new.problem
+        return change
+    try:
+        progress("validating the working tree's config")
+        new_plan = plan_of(stack, new.config or {})
+    except ConfigError as exc:
+        change.problems = exc
+        return change
+    old_plan: Optional[Plan] = None
+    old_graph: Optional[Graph] = None
+    if base.problem is not None:
+        change.base_problem = base.problem
+    elif base.config is not None:
+        try:
+            old_plan = plan_of(stack, base.config)
+        except ConfigError as exc:
+            change.base_problem = exc
+        else:
+            progress(f"rendering the base ({base.label}) under Pulumi mocks")
+            old_graph = graph_of(stack, base.config)
+    progress("rendering the working tree under Pulumi mocks")
+    new_graph = graph_of(stack, new.config or {})
+    change.resources = len(new_graph.regs)
+    change.parallel = new_plan.up_parallelism
+    progress("planning `pulumi up` with the engine model")
+    steps = plan_up(old_graph.regs if old_graph else [], new_graph)
+    effect = analyse(steps, old_plan, new_plan, old_graph, new_graph)
+    change.effect = effect
+    old_scripts = scripts_by_resource(old_plan, old_graph)
+    new_scripts = scripts_by_resource(new_plan, new_graph)
+    timing = effect.timing
+    acting = [i for i, s in enumerate(steps) if s.acts]
+    # Registration order varies from run to run (outputs resolve asynchronously): ties go by name,
+    # so the same change gives the same report. A prerequisite that takes no time still sorts first
+    # (it finishes at its start, before the dependent that starts then).
+    acting.sort(key=lambda i: (timing.started_s[i], timing.finished_s[i], steps[i].name) if timing else (0, 0, i))
+    for n, i in enumerate(acting, 1):
+        s = steps[i]
+        node = node_of(s, new_scripts if s.new is not None else old_scripts, new_plan if s.new is not None else old_plan)
+        change.steps.append(StepView(n, s.op, s.name, s.type, node, s.why, s.phase,
+                                     timing.started_s[i] if timing else 0.0))
+    libs = library_texts()
+    found_old, found_new = [], []
+    for i in acting:
+        s = steps[i]
+        if s.op == DELETE_REPLACED:
+            continue  # shown with its replacement
+        node = node_of(s, new_scripts if s.new is not None else old_scripts, new_plan if s.new is not None else old_plan)
+        diff: list[str] = []
+        if s.type == COMMAND and s.op in (CREATE, UPDATE, REPLACE):
+            before = collapse(str(plain(s.old.inputs.get("create", ""))), libs) if s.old is not None else None
+            after = collapse(str(plain(s.new.inputs.get("create", ""))), libs)
+            found_new.append(after.libraries)
+            if before is not None:
+                found_old.append(before.libraries)
+            diff = unified(before.text if before else "", after.text, f"base/{node}/{s.name}", f"new/{node}/{s.name}")
+        if s.op == DELETE:
+            change.scripts.append(ScriptChange(node, s.name, s.op, (), ("removed from the program: its delete runs "
+                                                                       "at the end of the run",)))
+            continue
+        change.scripts.append(ScriptChange(node, s.name, s.op, tuple(diff), _inputs_changed(s)))
+    change.libraries = library_changes(found_old, found_new)
+    return change
+
+
+__all__ = ["Change", "StepView", "ScriptChange", "compare", "graph_of", "plan_of", "DELETE", "REPLACE"]

@@ -1,0 +1,259 @@
+"""What a `pulumi up` does to the service: from the engine model's steps and the scripts behind each
+Command, which processes (ranks, workers, etcd, the proxy) start, stop or restart, whether each
+role keeps serving, and for about how long.
+
+The rules are the scripts' own:
+* an update runs the new create, which restarts exactly the processes whose start fingerprint
+  changed (`Script.processes`); a launch does it rolling: at most `rollout.maxUnavailable`
+  instances of a role at once, each drained out of the proxy first;
+* a replacement runs the old delete (every process of the old script stops) before the new create
+  starts them again: no rolling, so every instance it touches is down at once;
+* a delete of the final phase stops the old processes after everything else;
+* a worker re-run while etcd restarts (on an empty data dir) finds itself unregistered and restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from ..engine.capture import COMMAND, CONTAINER, Graph, plain
+from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE, Step, Timing, simulate
+from ..engine.timing import KEPT_S, MODEL_LOAD_S, delete_seconds, launch_gangs, step_seconds
+from ..plan import Plan
+from ..scripts import node_scripts
+from ..shell import Script
+
+ROLES = ("prefill", "decode")
+
+# What happens to a process, and how.
+RESTART, START, STOP = "restart", "start", "stop"
+ROLLING, IN_PLACE, REPLACED, AT_END = "rolling", "in place", "replaced (old delete first)", "at the end of the run"
+
+
+@dataclass(frozen=True)
+class Process:
+    node: str
+    name: str  # "prefill-0-r1", "worker", "etcd", "proxy"
+    action: str  # RESTART, START, STOP
+    how: str  # ROLLING, IN_PLACE, REPLACED, AT_END
+    resource: str  # the resource whose step does it
+
+    @property
+    def kind(self) -> str:
+        if self.name.startswith(ROLES):
+            return "rank"
+        return self.name
+
+
+@dataclass(frozen=True)
+class RoleEffect:
+    role: str
+    instances: int  # in the new plan
+    before: int  # instances in the base (0: a new stack, or the base was invalid)
+    restarting: tuple[str, ...]  # instances (new names) going down at some point and back
+    added: tuple[str, ...]  # instances on nodes that served no instance of this role before
+    removed: tuple[str, ...]  # old instances whose nodes serve none of this role any more
+    rolling: bool  # restarts go through the launch's slots (updates), not replacements
+    max_unavailable: int
+    serving: bool  # at least one instance of the role serves at every moment
+    duration_s: float  # restarting: rolling -> the whole rollout; outage -> the outage
+
+    @property
+    def verdict(self) -> str:
+        if not (self.restarting or self.added or self.removed):
+            return "unaffected"
+        if not self.before:
+            return "starts (nothing served before)"
+        if not self.restarting:
+            return "keeps serving"
+        if self.serving:
+            return "keeps serving (rolling)" if self.rolling else "keeps serving"
+        return "outage"
+
+
+@dataclass
+class Effect:
+    processes: list[Process]
+    roles: list[RoleEffect]
+    notes: list[str] = field(default_factory=list)
+    timing: Optional[Timing] = None
+    up_s: float = 0.0  # the whole `pulumi up`, engine model plus rolling restarts
+
+
+def scripts_by_resource(plan: Optional[Plan], graph: Optional[Graph]) -> dict[str, Script]:
+    """Each Command of `graph` -> the Script it runs (found by its create text in the Command's)."""
+    if plan is None or graph is None:
+        return {}
+    names = sorted((n.name for n in plan.nodes), key=len, reverse=True)
+    by_node = {n: node_scripts(plan, n) for n in names}
+    out = {}
+    for reg in graph.of_type(COMMAND):
+        node = next((n for n in names if reg.name.startswith(n + "-")), None)
+        create = str(plain(reg.inputs.get("create", "")))
+        for script in by_node.get(node, ()):
+            if script.create in create:
+                out[reg.name] = script
+                break
+    return out
+
+
+def node_of(step: Step, scripts: Mapping[str, Script], plan: Optional[Plan]) -> str:
+    script = scripts.get(step.name)
+    if script is not None:
+        return script.node
+    names = sorted((n.name for n in plan.nodes), key=len, reverse=True) if plan else []
+    return next((n for n in names if step.name.startswith(n + "-")), "")
+
+
+def _events(steps: Sequence[Step], old: Mapping[str, Script], new: Mapping[str, Script],
+            etcd_container: tuple[str, str]) -> list[Process]:
+    out: list[Process] = []
+    stopped_by_replace: set[tuple[str, str]] = set()
+    for s in steps:
+        if not s.acts:
+            continue
+        if s.type == CONTAINER and s.name in etcd_container:
+            node = (s.new or s.old).name[: -len("-etcd-container")]
+            if s.op == CREATE:
+                out.append(Process(node, "etcd", START, IN_PLACE, s.name))
+            elif s.op == DELETE_REPLACED:
+                stopped_by_replace.add((node, "etcd"))
+            elif s.op == REPLACE:
+                out.append(Process(node, "etcd", RESTART, REPLACED, s.name))
+            elif s.op == DELETE:
+                out.append(Process(node, "etcd", STOP, AT_END, s.name))
+            continue
+        if s.type != COMMAND:
+            continue
+        before = old.get(s.old.name) if s.old is not None else None
+        after = new.get(s.new.name) if s.new is not None else None
+        if s.op == CREATE and after:
+            out += [Process(after.node, p, START, IN_PLACE, s.name) for p, _ in after.processes]
+        elif s.op == DELETE_REPLACED and before:
+            stopped_by_replace |= {(before.node, p) for p, _ in before.processes}
+        elif s.op == REPLACE and after:
+            for p, _ in after.processes:
+                action = RESTART if (after.node, p) in stopped_by_replace else START
+                out.append(Process(after.node, p, action, REPLACED, s.name))
+        elif s.op == DELETE and before:
+            out += [Process(before.node, p, STOP, AT_END, s.name) for p, _ in before.processes]
+        elif s.op == UPDATE and after:
+            was = dict(before.processes) if before else {}
+            now = dict(after.processes)
+            # Only a restart of a rank that keeps its name goes through the rollout slots; a launch
+            # stops the ranks its node no longer runs first, undrained, and starts the new ones.
+            how = ROLLING if after.name == "launch" else IN_PLACE
+            for p, spec in now.items():
+                if p not in was:
+                    out.append(Process(after.node, p, START, IN_PLACE, s.name))
+                elif was[p] != spec:
+                    out.append(Process(after.node, p, RESTART, how, s.name))
+            out += [Process(after.node, p, STOP, IN_PLACE, s.name) for p in was if p not in now]
+    # A process a replacement stopped and another resource starts (etcd moving into its own
+    # container and back) restarts; one nothing starts again (its node left) stopped for good.
+    started = {(p.node, p.name) for p in out}
+    out = [Process(p.node, p.name, RESTART, REPLACED, p.resource)
+           if p.action == START and (p.node, p.name) in stopped_by_replace else p for p in out]
+    out += [Process(n, p, STOP, REPLACED, "") for n, p in sorted(stopped_by_replace - started)]
+    return out
+
+
+def _worker_follows_etcd(processes: list[Process], steps: Sequence[Step], new: Mapping[str, Script]) -> list[Process]:
+    """Workers re-run in this `up` find an etcd that restarted empty: they register again (restart)."""
+    if not any(p.name == "etcd" and p.action in (RESTART, START) for p in processes):
+        return processes
+    moved = {(p.node, p.name) for p in processes}
+    extra = []
+    for s in steps:
+        script = new.get(s.name) if s.new is not None else None
+        if s.op == UPDATE and script is not None and script.name == "worker" and (script.node, "worker") not in moved:
+            extra.append(Process(script.node, "worker", RESTART, IN_PLACE, s.name))
+    return processes + extra
+
+
+def _role(role: str, old: Optional[Plan], new: Plan, processes: Sequence[Process], steps: Sequence[Step],
+          timing: Timing) -> RoleEffect:
+    moved = {p.node for p in processes if p.kind == "rank" and p.name.startswith(role + "-")}
+    old_nodes = {n for i in (old.instances_of(role) if old else ()) for n in i.nodes}
+    new_nodes = {n for i in new.instances_of(role) for n in i.nodes}
+    restarting, added = [], []
+    for inst in new.instances_of(role):
+        if not moved & set(inst.nodes):
+            continue
+        (restarting if set(inst.nodes) & old_nodes else added).append(inst.name)
+    removed = tuple(i.name for i in (old.instances_of(role) if old else ()) if not set(i.nodes) & new_nodes)
+    rank_moves = [p for p in processes if p.kind == "rank" and p.name.startswith(role + "-")
+                  and p.node in new_nodes & old_nodes]
+    rolling = all(p.how == ROLLING for p in rank_moves)
+    slots = new.cfg.rollout.max_unavailable
+    kept = len(new.instances_of(role)) - len(restarting) - len(added)
+    down_at_once = min(slots, len(restarting)) if rolling else len(restarting)
+    serving = not restarting or kept + len(restarting) - down_at_once >= 1
+    if not restarting:
+        duration = 0.0
+    elif rolling:
+        waves = -(-len(restarting) // slots)
+        duration = (1 if not serving else waves) * MODEL_LOAD_S
+    else:
+        duration = _outage_window(role, old, steps, timing)
+    return RoleEffect(role, len(new.instances_of(role)), len(old.instances_of(role)) if old else 0, tuple(restarting), tuple(added), removed, rolling, slots,
+                      serving, duration)
+
+
+def _outage_window(role: str, old: Optional[Plan], steps: Sequence[Step], timing: Timing) -> float:
+    """From the first step that stops a rank of the role to the last that starts one (simulated)."""
+    role_nodes = {n for i in (old.instances_of(role) if old else ()) for n in i.nodes}
+    first, last = None, None
+    for i, s in enumerate(steps):
+        if not (s.acts and s.type == COMMAND and s.name.endswith("-launch")):
+            continue
+        if s.name[: -len("-launch")] not in role_nodes:
+            continue
+        if s.op == DELETE_REPLACED:
+            first = timing.started_s[i] if first is None else min(first, timing.started_s[i])
+        if s.op in (REPLACE, UPDATE, CREATE):
+            last = timing.finished_s[i] if last is None else max(last, timing.finished_s[i])
+    if first is None or last is None:
+        return MODEL_LOAD_S
+    return max(last - first, MODEL_LOAD_S)
+
+
+def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old_graph: Optional[Graph],
+            new_graph: Graph) -> Effect:
+    old = scripts_by_resource(old_plan, old_graph)
+    new = scripts_by_resource(new_plan, new_graph)
+    etcd_container = tuple(f"{p.etcd.node}-etcd-container" for p in (old_plan, new_plan) if p is not None)
+    processes = _worker_follows_etcd(_events(steps, old, new, etcd_container), steps, new)
+    moved = {(p.node, p.name) for p in processes}
+
+    def seconds(step: Step) -> float:
+        script = new.get(step.name) if step.new is not None else None
+        if step.op == UPDATE and script is not None and not any((script.node, n) in moved for n, _ in script.processes):
+            return KEPT_S  # its processes run on with the same command: the script checks and exits
+        if step.op in (DELETE, DELETE_REPLACED):
+            return delete_seconds(step)
+        return step_seconds(step)
+
+    timing = simulate(steps, seconds, parallel=new_plan.up_parallelism, gangs=launch_gangs(steps, new_graph))
+    roles = [_role(r, old_plan, new_plan, processes, steps, timing) for r in ROLES]
+    notes = []
+    containers = sorted(node_of(s, new, new_plan) for s in steps
+                        if s.op == REPLACE and s.type == CONTAINER and s.name not in etcd_container)
+    if containers:
+        notes.append(f"the NPU container is replaced on {', '.join(containers)}: everything in it stops first "
+                     "(its deletes), the new image is pulled before that while the old one still serves")
+    if any(p.name == "etcd" and p.action == RESTART for p in processes):
+        stale = [n.name for n in new_plan.nodes if (n.name, "worker") not in moved]
+        notes.append("etcd restarts on an empty data dir: the KV cache pool is formed again"
+                     + (f"; the workers of {', '.join(stale)} do not re-run in this `up` and stay unregistered "
+                        "until `ascend-pd:converge`" if stale else ""))
+    if any(p.name == "proxy" and p.action in (RESTART, STOP) for p in processes):
+        notes.append("the proxy restarts: no request is served for its restart (seconds)")
+    rollout = max((r.duration_s for r in roles if r.rolling and r.restarting), default=0.0)
+    up_s = max(timing.makespan_s, rollout)
+    return Effect(processes, roles, notes, timing, up_s)
+
+
+__all__ = ["Process", "RoleEffect", "Effect", "analyse", "scripts_by_resource", "node_of",
+           "RESTART", "START", "STOP", "ROLLING", "IN_PLACE", "REPLACED", "AT_END"]
