@@ -1,4 +1,5 @@
-"""Tests for the test fakes in tests/fakes (fake `vllm` CLI and fake P/D proxy)."""
+"""Tests for the test fakes in tests/fakes: the fake `vllm` CLI, and its P/D hand-over checked through the
+release's own PD proxy script (tests/proxy_release.py)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ import requests
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 VLLM = str(FAKES / "bin" / "vllm")
-PROXY = str(FAKES / "fake_proxy.py")
+import proxy_release
 
-# One Prometheus text-format (0.0.4) line: comment, or `name{labels} value`.
+PROXY = str(proxy_release.for_stack("a3-4node"))
+
+# One Prometheus text-format (0.0.4) line: comment, or `name{labels} value` / `name value`.
 HELP_RE = re.compile(r"^# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*$")
 TYPE_RE = re.compile(r"^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$")
 SAMPLE_RE = re.compile(
     r'^([a-zA-Z_:][a-zA-Z0-9_:]*)'
-    r'\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\}'
+    # Labels are optional: prometheus_client's process collector writes `process_start_time_seconds 1.7e+09`.
+    r'(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\})?'
     r" ([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))$"
 )
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -62,18 +66,22 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
 def base_env(**extra) -> dict:
     env = dict(os.environ)
     for k in list(env):
-        if k.startswith("FAKE_VLLM_") or k.startswith("FAKE_PROXY_"):
-            del env[k]
+        if k.startswith("FAKE_VLLM_") or k.lower() in ("http_proxy", "https_proxy", "all_proxy"):
+            del env[k]  # the release proxy's httpx would send its backend calls to an http_proxy
     env["ASCEND_RT_VISIBLE_DEVICES"] = "0"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
-def run_vllm(args, env=None, timeout=10):
+# Bounds, not speed checks: at a load average of 1000 (other engineers' suites) a python start took >10 s.
+START_BOUND_S = 60
+
+
+def run_vllm(args, env=None, timeout=START_BOUND_S):
     return subprocess.run([VLLM, *args], env=env or base_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = START_BOUND_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -120,7 +128,7 @@ class Servers:
             env=env or base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         self.procs.append(proc)
-        wait_http(f"http://127.0.0.1:{port}/healthcheck", proc)
+        wait_http(f"http://127.0.0.1:{port}/healthcheck", proc, timeout=60)  # imports fastapi/uvicorn first
         return port, proc
 
     def close(self):
@@ -320,72 +328,160 @@ def test_vllm_counters_env_and_set_endpoint(servers):
     assert m[("vllm:prompt_tokens_total", lab)] == 34
 
 
-# ----------------------------------------------------------------------------- fake proxy
 
 
-def test_proxy_rejects_unequal_lengths():
-    r = subprocess.run(
-        [sys.executable, PROXY, "--prefiller-hosts", "a", "b", "--prefiller-ports", "1"],
-        capture_output=True, text=True, timeout=10,
-    )
+def producer(kv_port: int, **extra) -> str:
+    """A prefill rank's --kv-transfer-config as the plan renders it (MultiConnector, engine_id)."""
+    mooncake = {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": str(kv_port),
+                "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 2},
+                                              "decode": {"dp_size": 2, "tp_size": 1}}}
+    return json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "3",
+                       "kv_connector_extra_config": {"connectors": [mooncake]}, **extra})
+
+
+def consumer(kv_port: int) -> str:
+    mooncake = {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "kv_port": str(kv_port),
+                "kv_connector_extra_config": {"prefill": {"dp_size": 2, "tp_size": 2},
+                                              "decode": {"dp_size": 2, "tp_size": 1}}}
+    return json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_consumer",
+                       "kv_connector_extra_config": {"connectors": [mooncake]}})
+
+
+def pd_pair(servers, **decode_env):
+    """Prefill DP rank 1 of 2 (tp 2, kv_port K: side channels K+2, K+3) and one decode rank."""
+    kv_port = free_port()
+    p_port, _ = servers.vllm("--served-model-name", "m", "--tensor-parallel-size", "2", "--data-parallel-size", "2",
+                             "--data-parallel-rank", "1", "--kv-transfer-config", producer(kv_port - 2),
+                             env=base_env(ASCEND_RT_VISIBLE_DEVICES="2,3"))
+    d_port, _ = servers.vllm("--served-model-name", "m", "--kv-transfer-config", consumer(kv_port + 50),
+                             "--no-enable-prefix-caching", env=base_env(**decode_env))
+    return kv_port, p_port, d_port
+
+
+def prefill_params(p_port: int, prompt: str, request_id: str = "req-1") -> dict:
+    r = requests.post(f"http://127.0.0.1:{p_port}/v1/completions", timeout=5, headers={"X-Request-Id": request_id},
+                      json={"model": "m", "prompt": prompt, "max_tokens": 1,
+                            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
+    r.raise_for_status()
+    return r.json()["kv_transfer_params"]
+
+
+def test_prefill_announces_its_kv_like_the_mooncake_connector(servers):
+    kv_port, p_port, _ = pd_pair(servers)
+    params = prefill_params(p_port, "x" * 600)  # 150 tokens: 2 blocks of 128
+    assert params == {
+        "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [0, 1],
+        "remote_engine_id": "3_dp1", "remote_request_id": "req-1", "remote_host": "127.0.0.1",
+        "remote_port": kv_port, "remote_ptp_size": 2, "remote_pcp_size": 1, "remote_dcp_size": 1,
+        "last_token_id": 150, "num_prompt_blocks": 2, "remote_block_size": 128,
+    }
+    for t in (0, 1):  # one side channel per TP rank: kv_port + dp_rank * tp + t
+        socket.create_connection(("127.0.0.1", kv_port + t), timeout=2).close()
+    plain = requests.post(f"http://127.0.0.1:{p_port}/v1/completions", timeout=5,
+                          json={"model": "m", "prompt": "x", "max_tokens": 1}).json()
+    assert plain["kv_transfer_params"] is None  # not a P/D request
+
+
+def test_decode_pulls_the_announced_kv_and_fails_on_anything_else(servers):
+    kv_port, p_port, d_port = pd_pair(servers)
+    lab = frozenset({("engine", "0"), ("model_name", "m")})
+
+    def decode(params: dict) -> requests.Response:
+        return requests.post(f"http://127.0.0.1:{d_port}/v1/completions", timeout=15,
+                             json={"model": "m", "prompt": "y" * 400, "max_tokens": 3, "kv_transfer_params": params})
+
+    good = prefill_params(p_port, "y" * 400, "req-ok")
+    r = decode(good)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+    m = parse_metrics(requests.get(f"http://127.0.0.1:{d_port}/metrics", timeout=5).text)
+    assert m[("vllm:external_prefix_cache_hits_total", lab)] == 100  # the whole prompt came from prefill
+    assert decode(good).status_code == 500  # pulled once: the prefill freed those blocks
+
+    bad = [
+        {**prefill_params(p_port, "y" * 400, "req-e"), "remote_engine_id": "0_dp1"},  # another engine
+        {**prefill_params(p_port, "y" * 400, "req-p"), "remote_port": kv_port + 7},  # not its side channel
+        {**prefill_params(p_port, "y" * 400, "req-t"), "remote_ptp_size": 4},  # prefill tp disagrees
+        {**prefill_params(p_port, "y" * 400, "req-r"), "remote_request_id": "never-prefilled"},
+    ]
+    reasons = []
+    for params in bad:
+        r = decode(params)
+        assert r.status_code == 500, r.text
+        reasons.append(r.json()["error"]["message"])
+    assert "serves engine '3_dp1', not '0_dp1'" in reasons[0]
+    assert f"tcp://127.0.0.1:{kv_port + 7}" in reasons[1]
+    assert "remote_ptp_size 4 differs from this decode's prefill tp_size 2" in reasons[2]
+    assert "holds no KV for request 'never-prefilled'" in reasons[3]
+    m = parse_metrics(requests.get(f"http://127.0.0.1:{d_port}/metrics", timeout=5).text)
+    assert m[("vllm:request_success_total", lab | {("finished_reason", "error")})] == 5
+    assert m[("vllm:external_prefix_cache_hits_total", lab)] == 100
+
+    # Without kv_transfer_params the decode computes the prompt itself: served, nothing received.
+    r = requests.post(f"http://127.0.0.1:{d_port}/v1/completions", timeout=5,
+                      json={"model": "m", "prompt": "z", "max_tokens": 2})
+    assert r.status_code == 200
+
+
+def test_taken_side_channel_port_fails_the_start():
+    kv_port = free_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", kv_port + 1))
+    holder.listen(1)
+    try:
+        r = run_vllm(["serve", "/m", "--host", "127.0.0.1", "--port", str(free_port()), "--tensor-parallel-size", "2",
+                      "--data-parallel-size", "2", "--data-parallel-rank", "1", "--kv-transfer-config",
+                      producer(kv_port - 2)], env=base_env(ASCEND_RT_VISIBLE_DEVICES="0,1"))
+    finally:
+        holder.close()
     assert r.returncode == 1
-    assert "ValueError: Number of prefiller hosts must match number of prefiller ports" in r.stderr
-    r = subprocess.run(
-        [sys.executable, PROXY, "--decoder-hosts", "a", "--decoder-ports", "1", "2"],
-        capture_output=True, text=True, timeout=10,
-    )
-    assert r.returncode == 1 and "Number of decoder hosts must match number of decoder ports" in r.stderr
-    r = subprocess.run([sys.executable, PROXY, "--prefiller-ports", "x"], capture_output=True, text=True, timeout=10)
-    assert r.returncode == 2
+    assert "ZMQError: Address already in use" in r.stderr and f"127.0.0.1:{kv_port + 1}" in r.stderr
 
 
-def test_proxy_healthcheck_counts_and_override(servers):
-    args = ["--prefiller-hosts", "10.0.0.1", "10.0.0.2", "--prefiller-ports", "8100", "8100",
-            "--decoder-hosts", "10.0.0.3", "--decoder-ports", "8200"]
-    port, _ = servers.proxy(*args)
-    r = requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=5).json()
-    assert r == {"status": "ok", "prefill_instances": 2, "decode_instances": 1, "request_num": 0}
-
-    port, _ = servers.proxy(*args, env=base_env(FAKE_PROXY_REPORT_PREFILL=5, FAKE_PROXY_REPORT_DECODE=0))
-    r = requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=5).json()
-    assert r["prefill_instances"] == 5 and r["decode_instances"] == 0
+def test_unknown_fault_is_refused():
+    r = run_vllm(["serve", "/m"], env=base_env(FAKE_VLLM_FAULT="decode-slow"))
+    assert r.returncode == 1 and "FAKE_VLLM_FAULT='decode-slow' is not one of" in r.stderr
 
 
-def test_proxy_routes_prefill_then_decode(servers):
-    prod = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer"})
-    cons = json.dumps({"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer"})
-    p_port, _ = servers.vllm("--served-model-name", "m", "--kv-transfer-config", prod)
-    d_port, _ = servers.vllm("--served-model-name", "m", "--kv-transfer-config", cons, "--no-enable-prefix-caching")
+# ----------------------------------------------------------------------------- through the release proxy
+
+
+def test_release_proxy_routes_prefill_then_decode(servers):
+    _, p_port, d_port = pd_pair(servers)
     port, _ = servers.proxy(
         "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(p_port),
         "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(d_port),
     )
     base = f"http://127.0.0.1:{port}"
     msgs = [{"role": "user", "content": "b" * 74}]  # 80 chars -> 20 tokens
-    r = requests.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": msgs, "max_tokens": 7}, timeout=10)
+    r = requests.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": msgs, "max_tokens": 7}, timeout=30)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["object"] == "chat.completion"
-    assert body["usage"]["completion_tokens"] == 7
-    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 7
 
-    lab = frozenset({("engine", "0"), ("model_name", "m")})
     pm = parse_metrics(requests.get(f"http://127.0.0.1:{p_port}/metrics", timeout=5).text)
     dm = parse_metrics(requests.get(f"http://127.0.0.1:{d_port}/metrics", timeout=5).text)
-    assert pm[("vllm:generation_tokens_total", lab)] == 1  # prefill got max_tokens=1
-    assert pm[("vllm:prompt_tokens_total", lab)] == 20
-    assert dm[("vllm:generation_tokens_total", lab)] == 7
-    assert dm[("vllm:external_prefix_cache_hits_total", lab)] == 20  # remote prefill reached decoder
+    plab, dlab = frozenset({("engine", "1"), ("model_name", "m")}), frozenset({("engine", "0"), ("model_name", "m")})
+    assert pm[("vllm:generation_tokens_total", plab)] == 1  # the proxy asks prefill for max_tokens=1
+    assert pm[("vllm:prompt_tokens_total", plab)] == 20
+    assert dm[("vllm:generation_tokens_total", dlab)] == 7
+    assert dm[("vllm:external_prefix_cache_hits_total", dlab)] == 20  # the KV came from prefill
 
-    r = requests.post(f"{base}/v1/chat/completions", json={"model": "nope", "messages": msgs}, timeout=10)
-    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
-
-    r = requests.post(
-        f"{base}/v1/completions",
-        json={"model": "m", "prompt": "hello", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
-        timeout=10, stream=True,
-    )
+    r = requests.post(f"{base}/v1/completions", timeout=30, stream=True, json={
+        "model": "m", "prompt": "hello", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}})
     events = [ln for ln in r.iter_lines(decode_unicode=True) if ln]
     assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2][len("data: "):])["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
-    assert requests.get(f"{base}/v1/models", timeout=5).json()["data"][0]["id"] == "m"
+
+
+def test_release_proxy_gives_an_empty_200_when_decode_fails(servers):
+    """vllm-ascend #13140, reproduced: the decode fails after the proxy has started its answer."""
+    _, p_port, d_port = pd_pair(servers, FAKE_VLLM_FAULT="transfer-fail")
+    port, _ = servers.proxy(
+        "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(p_port),
+        "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(d_port),
+    )
+    r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                      json={"model": "m", "prompt": "hello", "max_tokens": 3})
+    assert r.status_code == 200 and r.content == b""
+    dm = parse_metrics(requests.get(f"http://127.0.0.1:{d_port}/metrics", timeout=5).text)
+    lab = frozenset({("engine", "0"), ("model_name", "m"), ("finished_reason", "error")})
+    assert dm[("vllm:request_success_total", lab)] >= 1

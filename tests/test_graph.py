@@ -28,7 +28,9 @@ from pulumi_harness import (
     unwrap,
 )
 
-from ascend_pd import scripts
+from ascend_pd import scripts, shell
+from ascend_pd.engine.capture import mock_image_id
+from ascend_pd.engine.model import DELETE_REPLACED, REPLACE, SAME, UPDATE, plan_up
 from ascend_pd.probes import probes
 from ascend_pd.loader import load_config, load_stack
 from ascend_pd.plan import build_plan
@@ -37,7 +39,7 @@ from ascend_pd.render import summary
 STACKS = ("a2-8node", "a3-4node")
 COMPONENT_TYPES = {
     f"ascend-pd:index:{n}"
-    for n in ("NpuContainer", "HugepageHost", "EtcdSingle", "YuanrongWorker", "VllmDpGroup", "PdProxy")
+    for n in ("NodePreflight", "NpuContainer", "HugepageHost", "EtcdSingle", "YuanrongWorker", "VllmDpGroup", "PdProxy")
 }
 FAKE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAAtestkeyZZZ9\n-----END OPENSSH PRIVATE KEY-----\n"
 
@@ -145,7 +147,9 @@ def test_names_types_and_parents(stack):
             run.named(name)
     for inst in plan.instances:
         for node in inst.nodes:
-            run.named(f"{inst.name}-{node}")
+            launch = run.named(f"{node}-launch")
+            # Named by its node (a node runs one instance); the earlier per-instance name is an alias.
+            assert f"{inst.name}-{node}" in launch.aliases
     assert run.named("etcd").type == "ascend-pd:index:EtcdSingle"
     assert run.named("proxy").type == "ascend-pd:index:PdProxy"
 
@@ -167,10 +171,16 @@ def test_per_node_start_order(stack):
         worker = run.named(f"{n.name}-worker")
         hugepages = run.named(f"{n.name}-nr-hugepages")
         assert run.waits_for(container, run.named(f"{n.name}-image"))
+        launch = run.named(f"{n.name}-launch") if plan.instance_on(n.name) else None
         for step in scripts.prepare(plan, n.name):
             prepared = run.named(f"{n.name}-{step.name}")
             assert run.waits_for(prepared, container)
-            assert run.waits_for(worker, prepared)
+            if launch is not None:  # vLLM runs with the stack's pip pins and patches
+                assert run.waits_for(launch, prepared)
+            # The worker needs openYuanrong installed, nothing else: the stack's pip and patch steps
+            # run while it starts (and etcd, on its node, needs only its binary).
+            assert run.waits_for(worker, prepared) == (step.name == "install-yuanrong" or
+                                                       (n.name == etcd_node and step.name == "install-etcd")), step.name
         assert run.waits_for(worker, container)
         assert run.waits_for(worker, etcd)
         assert run.waits_for(worker, hugepages)
@@ -179,7 +189,7 @@ def test_per_node_start_order(stack):
         assert not run.waits_for(hugepages, container)
         for inst in plan.instances:
             if n.name in inst.nodes:
-                launch = run.named(f"{inst.name}-{n.name}")
+                launch = run.named(f"{n.name}-launch")
                 assert run.waits_for(launch, worker)
                 assert run.waits_for(proxy, launch)
                 assert not run.waits_for(worker, launch)
@@ -191,8 +201,12 @@ def test_preparation_steps_run_in_order(stack):
     for n in plan.nodes:
         steps = [run.named(f"{n.name}-{s.name}") for s in scripts.prepare(plan, n.name)]
         assert steps, n.name
-        previous = run.named(f"{n.name}-container")
-        for step in steps:
+        container = run.named(f"{n.name}-container")
+        previous = container
+        for script, step in zip(scripts.prepare(plan, n.name), steps):
+            if not script.chained:  # the etcd binary: right after the container, beside the pip chain
+                assert step.dependencies == {container.urn}, step.name
+                continue
             assert previous.urn in step.dependencies, (step.name, previous.name)  # directly
             previous = step
 
@@ -210,32 +224,104 @@ def test_groups_start_in_parallel(stack):
         ancestors = run.ancestors(reg)
         waited_groups = {group_of[u] for u in ancestors if u in group_of}
         assert waited_groups == set(), f"{reg.name} waits for {waited_groups}"
-        # Only its own node's worker: a slow node holds back nothing but its own ranks.
-        assert {workers[u] for u in ancestors if u in workers} == {command_node(plan, reg)}
+        # The workers of its own group's nodes, no other: a slow node holds back nothing but the
+        # group its ranks belong to (which cannot serve without them anyway).
+        node = command_node(plan, reg)
+        group_nodes = set(next(i for i in plan.instances if node in i.nodes).nodes)
+        assert {workers[u] for u in ancestors if u in workers} == group_nodes, reg.name
 
 
 # ---------------------------------------------------------------------------------------------
 # inputs and lifecycle
 
 
+def _script_of(plan, reg):
+    """The plan's Script a Command runs."""
+    node = command_node(plan, reg)
+    return next(sc for sc in scripts.node_scripts(plan, node) if reg.name in (f"{node}-{sc.name}", f"{node}-nr-{sc.name}"))
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_commands_delete_and_replacement(stack):
     run, plan = baseline(stack), plan_of(stack)
     container_ids = {n.name: f"{n.name}-container-id" for n in plan.nodes}
-    host_commands = {r.urn for r in commands_under(run, "HugepageHost")}
+    host_commands = {r.urn for r in commands_under(run, "HugepageHost") + commands_under(run, "NodePreflight")}
+    etcd_id = f"{plan.etcd.node}-etcd-id"
     for reg in run.of_type(COMMAND):
+        node = command_node(plan, reg)
+        script = _script_of(plan, reg)
         assert reg.inputs.get("delete", "").strip(), f"{reg.name} has no delete"
         assert reg.delete_before_replace, reg.name
+        # sshd refuses PULUMI_COMMAND_* variables on most nodes: one warning per run otherwise.
+        assert reg.inputs["addPreviousOutputInEnv"] is False, reg.name
+        address = plan.node(node).address
         if reg.urn in host_commands:
-            assert "triggers" not in reg.inputs and "docker exec" not in reg.inputs["create"]
+            assert reg.inputs["triggers"] == [address, *script.identity]
+            assert "docker exec" not in reg.inputs["create"]
             continue
-        # Same node as its container; re-run (replaced) whenever that container is replaced.
-        assert reg.inputs["triggers"] == [container_ids[command_node(plan, reg)]], reg.name
+        # What decides which processes the delete acts on replaces the Command (old delete first):
+        # its container, its node's address, the script's identity. Nothing of another node: two
+        # replacements that force one resource out race in the engine (engine/model.py).
+        assert reg.inputs["triggers"] == [container_ids[node], address, *script.identity], reg.name
+        assert reg.property_dependencies["triggers"] == {run.named(f"{node}-container").urn}, reg.name
         assert "triggers[*]" in reg.replace_on_changes
-        assert reg.inputs["delete"].startswith("if docker inspect --type container "), reg.name
+        assert reg.inputs["delete"].startswith("state=$(docker inspect --type container "), reg.name
         assert f"docker exec -i {plan.cfg.container.name} bash -s" in reg.inputs["create"]
     for reg in run.of_type(CONTAINER):
         assert reg.delete_before_replace, reg.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_identity_values_reach_the_triggers(stack):
+    """stateDir, yuanrong.port, livenessPath and etcd.dataDir decide what a delete stops and removes:
+    a change replaces the Commands that use them instead of updating them."""
+    run, plan = baseline(stack), plan_of(stack)
+    worker = run.named(f"{plan.nodes[0].name}-worker")
+    assert plan.state_dir in worker.inputs["triggers"]
+    assert plan.worker(plan.nodes[0].name).address in worker.inputs["triggers"]
+    assert plan.cfg.yuanrong.liveness_path in worker.inputs["triggers"]
+    etcd = run.named(f"{plan.etcd.node}-etcd")
+    assert plan.etcd.data_dir in etcd.inputs["triggers"]
+    # Changing one: only what uses it changes (here: the workers' triggers and scripts, and what
+    # a worker address appears in: the probes).
+    raw = with_object(stack, "yuanrong", lambda y: y.update(port=18499))
+    other = run_program(raw, stack=stack)
+    changed = _changed(run, other)
+    for n in plan.nodes:
+        assert f"{n.name}-worker" in changed
+        assert run.named(f"{n.name}-worker").inputs["triggers"] != other.named(f"{n.name}-worker").inputs["triggers"]
+    assert not any(name.endswith(("-container", "-image", "-etcd")) for name in changed), changed
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_container_survives_reboots_and_pulls_slowly(stack):
+    run, plan = baseline(stack), plan_of(stack)
+    for n in plan.nodes:
+        c = run.named(f"{n.name}-container").inputs
+        assert c["restart"] == "unless-stopped"
+        assert {"label": "ascend-pd.node-address", "value": n.address} in c["labels"]
+        image = run.named(f"{n.name}-image")
+        assert image.custom_timeouts == {"create": "7200s", "update": "7200s"}
+    for reg in run.of_type(COMMAND):
+        conn = unwrap(reg.inputs["connection"])
+        assert (conn["dialErrorLimit"], conn["perDialTimeout"]) == (40, 15), reg.name
+
+
+def test_former_node_names_become_aliases():
+    def rename(nodes):
+        nodes[1]["name"] = "p1new"
+        nodes[1]["formerNames"] = ["p1"]
+
+    raw = with_object("a3-4node", "nodes", rename)
+    prefill = json.loads(raw[f"{PROJECT}:prefill"])
+    prefill["nodes"] = ["p0", "p1new"]
+    raw[f"{PROJECT}:prefill"] = json.dumps(prefill)
+    run = run_program(raw, stack="a3-4node")
+    for suffix in ("npu", "docker", "image", "container", "install-yuanrong", "worker", "launch", "probes",
+                   "yuanrong", "hugepages", "nr-hugepages", "preflight", "preflight-gate"):
+        reg = run.named(f"p1new-{suffix}")
+        assert f"p1-{suffix}" in reg.aliases, suffix
+    assert run.named("p0-worker").aliases == ()
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -245,6 +331,7 @@ def test_scripts_pass_through_unchanged(stack):
     name = plan.cfg.container.name
     expected = {}
     for n in plan.nodes:
+        expected[f"{n.name}-preflight"] = scripts.preflight(plan, n.name)
         expected[f"{n.name}-nr-hugepages"] = scripts.hugepages(plan, n.name)
         expected[f"{n.name}-worker"] = scripts.worker(plan, n.name)
         expected[f"{n.name}-probes"] = probes(plan, n.name)
@@ -254,17 +341,17 @@ def test_scripts_pass_through_unchanged(stack):
     expected[f"{plan.proxy.node}-proxy"] = scripts.proxy(plan)
     for inst in plan.instances:
         for node in inst.nodes:
-            expected[f"{inst.name}-{node}"] = scripts.launch(plan, inst, node)
+            expected[f"{node}-launch"] = scripts.launch(plan, inst, node)
     assert {r.name for r in run.of_type(COMMAND)} == set(expected)
     for res_name, script in expected.items():
         reg = run.named(res_name)
         assert command_node(plan, reg) == script.node, res_name
         if script.where == "host":
-            assert reg.inputs["create"] == scripts.on_host(script.create)
-            assert reg.inputs["delete"] == scripts.on_host(script.delete)
+            assert reg.inputs["create"] == shell.on_host(script.create)
+            assert reg.inputs["delete"] == shell.on_host(script.delete)
         else:
-            assert reg.inputs["create"] == scripts.in_container(name, script.create)
-            assert reg.inputs["delete"] == scripts.in_container(name, script.delete, missing_ok=True)
+            assert reg.inputs["create"] == shell.in_container(name, script.create)
+            assert reg.inputs["delete"] == shell.in_container(name, script.delete, delete=True)
 
 
 @pytest.mark.parametrize(
@@ -284,7 +371,8 @@ def test_container_inputs(stack, shm_mb, address):
         assert c.provider.startswith(provider.urn + "::") and image.provider.startswith(provider.urn + "::")
         i = c.inputs
         assert i["name"] == cfg.container.name
-        assert i["image"] == f"sha256:{n.name}-image"
+        assert i["image"] == mock_image_id(cfg.container.image)
+        assert c.property_dependencies["image"] == {image.urn}
         assert i["shmSize"] == shm_mb
         assert (i["networkMode"], i["privileged"], i["init"], i["tty"], i["stdinOpen"], i["mustRun"]) == (
             "host", True, True, True, True, True)
@@ -349,12 +437,14 @@ def _edit_flags(key, value):
     "key, edit, touched",
     [
         ("decode", _edit_flags("max-num-seqs", 24),
-         {"decode-0-d0", "decode-0-d1", "decode-0-d2", "decode-0-d3"}),
+         {"d0-launch", "d1-launch", "d2-launch", "d3-launch"}),
         ("prefill", _edit_flags("max-num-batched-tokens", 4096),
-         {"prefill-0-p0", "prefill-1-p1", "prefill-2-p2", "prefill-3-p3"}),
+         {"p0-launch", "p1-launch", "p2-launch", "p3-launch"}),
+        # ... and every node's preflight, which checks the weights are there.
         ("model", lambda m: m.update(path="/data/other-weights"),
-         {"prefill-0-p0", "prefill-1-p1", "prefill-2-p2", "prefill-3-p3",
-          "decode-0-d0", "decode-0-d1", "decode-0-d2", "decode-0-d3"}),
+         {"p0-launch", "p1-launch", "p2-launch", "p3-launch",
+          "d0-launch", "d1-launch", "d2-launch", "d3-launch"}
+         | {f"{n}-preflight" for n in ("p0", "p1", "p2", "p3", "d0", "d1", "d2", "d3")}),
     ],
     ids=["decode-flag", "prefill-flag", "model-path"],
 )
@@ -369,11 +459,30 @@ def test_blast_radius(key, edit, touched):
         assert base.named(name).inputs["triggers"] == other.named(name).inputs["triggers"]
 
 
-def test_image_change_touches_only_the_images():
+def _engine_ops(base: Run, other: Run) -> dict[str, set[str]]:
+    """Resource names by what `pulumi up` does to them going from `base` to `other` (engine model)."""
+    out: dict[str, set[str]] = {}
+    for step in plan_up(base.regs, other):
+        if step.op != SAME and step.reg.custom:
+            out.setdefault(step.op, set()).add(step.name)
+    return out
+
+
+def test_image_change_replaces_every_container_and_what_runs_in_it():
     base = baseline("a3-4node")
     other = run_program(with_object("a3-4node", "container", lambda c: c.update(image="quay.io/ascend/vllm-ascend:v0.19.0-a3")),
                         stack="a3-4node")
-    assert _changed(base, other) == {"p0-image", "p1-image", "d0-image", "d1-image"}
+    ops = _engine_ops(base, other)
+    inside = {r.name for r in base.of_type(COMMAND) if "docker exec" in r.inputs["create"]}
+    nodes = [n.name for n in plan_of("a3-4node").nodes]
+    assert ops[REPLACE] == {f"{n}-image" for n in nodes} | {f"{n}-container" for n in nodes} | inside
+    # The old halves go first (deleteBeforeReplace), except the images (kept on the node anyway).
+    assert ops[DELETE_REPLACED] == ops[REPLACE]
+    # Each node's preflight checks the new image first (on the node, or its registry reachable).
+    assert ops[UPDATE] == {f"{n}-preflight" for n in nodes}
+    assert set(ops) == {REPLACE, DELETE_REPLACED, UPDATE}
+    hugepages = {r.name for r in base.of_type(COMMAND)} - inside - ops[UPDATE]
+    assert hugepages and not hugepages & ops[REPLACE]  # the host's huge pages stay
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +517,7 @@ def test_private_key_stays_secret():
     # ... and it is really used: every SSH connection carries it, wrapped as a secret.
     cmds = run.of_type(COMMAND)
     plan = plan_of("a2-8node")
-    assert len(cmds) == sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes) == 43
+    assert len(cmds) == sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes) == 51
     for reg in cmds:
         assert is_rpc_secret(reg.inputs["connection"])
         assert unwrap(reg.inputs["connection"])["privateKey"] == FAKE_KEY
@@ -461,7 +570,7 @@ def test_stack_outputs(stack, url, model, etcd, n_ranks):
     assert len(ranks) == n_ranks
     assert set(ranks[0]) == {"role", "instance", "node", "address", "dpRank", "port", "devices"}
     for row in ranks:  # every advertised rank is one the launch script of its node really starts
-        create = run.named(f"{row['instance']}-{row['node']}").inputs["create"]
+        create = run.named(f"{row['node']}-launch").inputs["create"]
         assert f"--data-parallel-rank {row['dpRank']} " in create
         assert f"--host {row['address']} " in create and f"--port {row['port']} " in create
         assert f'ASCEND_RT_VISIBLE_DEVICES="{",".join(map(str, row["devices"]))}"' in create
@@ -515,7 +624,7 @@ def test_etcd_image_mode_runs_etcd_in_its_own_container():
     assert container.parent == image.parent == components(run, "EtcdSingle")[0].urn
     assert image.inputs["name"] == ETCD_IMAGE and image.inputs["keepLocally"] is True
     assert container.inputs["name"] == "ascend-pd-etcd"
-    assert container.inputs["image"] == f"sha256:{node}-etcd-image"
+    assert container.inputs["image"] == mock_image_id(ETCD_IMAGE)
     assert container.inputs["networkMode"] == "host"
     # The plan's argv is the container's command, URLs on the etcd node's address.
     assert container.inputs["command"] == list(plan.etcd.argv)
@@ -526,7 +635,13 @@ def test_etcd_image_mode_runs_etcd_in_its_own_container():
     assert not [r for r in run.of_type(COMMAND) if r.name.endswith("install-etcd")]
     assert run.waits_for(etcd, container)
     assert f"{node}-etcd-container-id" in etcd.inputs["triggers"]
-    assert "docker logs ascend-pd-etcd" in etcd.inputs["create"]
+    assert "etcd_container=ascend-pd-etcd" in etcd.inputs["create"] and "docker logs $etcd_container" in etcd.inputs["create"]
+    # Every start of the etcd container begins with an empty data dir (a tmpfs), and docker starts it
+    # again after a reboot; the workers are replaced with a new etcd container.
+    assert container.inputs["mounts"] == [{"target": plan.etcd.data_dir, "type": "tmpfs"}]
+    assert container.inputs["restart"] == "unless-stopped"
+    for n in plan.nodes:  # the workers' scripts name the etcd they register in: a new one updates them
+        assert f"container ascend-pd-etcd from {ETCD_IMAGE}" in run.named(f"{n.name}-worker").inputs["create"]
     assert "nohup" not in etcd.inputs["create"]  # the gate starts nothing
     for n in plan.nodes:
         assert run.waits_for(run.named(f"{n.name}-worker"), container)
@@ -538,10 +653,15 @@ def test_etcd_image_change_touches_only_etcd():
     stack = "a3-4node"
     base = run_program(with_object(stack, "etcd", _etcd_image), stack=stack)
     newer = run_program(with_object(stack, "etcd", lambda o: o.update(image="quay.io/coreos/etcd:v3.5.17")), stack=stack)
-    node = plan_of(stack).etcd.node
-    # The image and the health gate (its messages name the image) change; under the engine the new
-    # image id also replaces the container, whose new id replaces the gate (trigger). Nothing else.
-    assert _changed(base, newer) == {f"{node}-etcd-image", f"{node}-etcd"}
+    plan = plan_of(stack)
+    node = plan.etcd.node
+    # The new image replaces the etcd container (its image id), which replaces the health gate (its
+    # trigger); every worker's script names that etcd, so every worker is updated and registers in
+    # the new (empty) etcd. Nothing else.
+    ops = _engine_ops(base, newer)
+    assert ops[REPLACE] == {f"{node}-etcd-image", f"{node}-etcd-container", f"{node}-etcd"}
+    assert ops[UPDATE] == {f"{n.name}-worker" for n in plan.nodes}
+    assert set(ops) == {REPLACE, DELETE_REPLACED, UPDATE}
 
 
 def test_etcd_image_mode_plan_render_and_scripts():
@@ -552,7 +672,7 @@ def test_etcd_image_mode_plan_render_and_scripts():
     assert f"on p0 (container ascend-pd-etcd, image {ETCD_IMAGE})" in summary(plan)
     assert "container ascend-pd-etcd" not in summary(binary)
     gate = scripts.etcd(plan)
-    assert gate.where == "container" and f"{plan.etcd.client_url}/health" in gate.create
+    assert gate.where == "container" and f"client_url={plan.etcd.client_url}" in gate.create
     assert "rm -rf" not in gate.delete  # the data dir goes with the etcd container
     assert [s.name for s in scripts.prepare(binary, "p0")].count("install-etcd") == 1
     assert "install-etcd" not in [s.name for s in scripts.prepare(plan, "p0")]

@@ -153,7 +153,9 @@ def test_every_seed_env_var_is_set(stack, role):
         # What the A3 guide and the A2 FAQ require but the A2 template lacks: always derived.
         assert env["PYTHONHASHSEED"] == "0"
         assert env["DS_WORKER_ADDR"] == f"{node.address}:{plan.cfg.yuanrong.port}"
-        assert set(env) - set(seed.env) <= {"PYTHONHASHSEED", "DS_WORKER_ADDR"}
+        assert set(env) - set(seed.env) <= {"PYTHONHASHSEED", "DS_WORKER_ADDR", "VLLM_ENGINE_READY_TIMEOUT_S"}
+        # vLLM's own engine-ready deadline is the launch's (seed 000's FAQ sets 3600 by hand).
+        assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == str(plan.cfg.vllm.ready_timeout_s)
 
 
 @pytest.mark.parametrize("stack", STACKS)

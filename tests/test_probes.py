@@ -1,17 +1,16 @@
 """The rendered probes (ascend_pd.probes), checked with shellcheck and run for real: liveness.sh
 against a real liveness file (and a real openYuanrong worker's), a real etcd and fake vLLM ranks;
-readiness.sh against the fake proxy in front of fake ranks (and small stand-in servers)."""
+readiness.sh against the release's PD proxy in front of fake ranks that speak the P/D protocol (and
+small stand-in servers)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
+import signal
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from ascend_pd.probes import ProbeSettings, liveness_script, probe_dir, probes, readiness_script
 from status_support import (
     Procs, Silent, Workers, a2_8node_on_loopback, clean_env, have_dscli, have_etcd, plan_of, small_stack,
-    start_etcd, start_proxy, start_ranks,
+    start_etcd, start_proxy, start_ranks, worker_pids,
 )
 
 # Addresses of this module (test_status.py uses others): n0 runs prefill, etcd and the proxy; n1 decode.
@@ -66,10 +65,13 @@ def test_script_shape(tmp_path):
         assert f"http://{r.address}:{r.port}/health" in live
     assert "etcd" not in liveness_script(plan, "n1").split("set -euo pipefail", 1)[1].replace("etcd_", "")
     ready = readiness_script(plan)
-    assert plan.proxy.url + "/v1/chat/completions" in ready and '"model": "tiny-test-model"' in ready
+    assert f"proxy={plan.proxy.url}\n" in ready and "model=tiny-test-model\n" in ready
+    # The ranks whose /metrics prove the P/D path: the proxy's backends, in its order.
+    assert f"ranks='{plan.proxy.backends_json}'\n" in ready
+    assert f"readiness_timeout_s={ProbeSettings().readiness_timeout_s}\n" in ready  # the whole check's bound
     for text in (live, ready):
         assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
-        assert "--connect-timeout" in text and " -m " in text  # every call bounded
+    assert "--connect-timeout" in live and " -m " in live  # every call bounded
     with pytest.raises(ValueError, match="unknown node"):
         probes(plan, "nope")
     with pytest.raises(ValueError):
@@ -219,67 +221,46 @@ def test_liveness_log_rotation(cluster, tmp_path):
 
 
 @pytest.mark.integration
-def test_readiness_through_fake_proxy(cluster):
+def test_readiness_proves_the_pd_path(cluster):
     tmp, plan, procs = cluster
     d = install(plan, "n0")
     done = run(f"{d}/readiness.sh")
     line = one_line(done)
     assert done.returncode == 0, line
-    assert line.startswith(f"readiness n0: OK (chat completion via {plan.proxy.url} in ")
+    p, dec = plan.ranks_of("prefill"), plan.ranks_of("decode")
+    assert re.fullmatch(
+        rf"readiness n0: OK \(smoke completion ok via {re.escape(plan.proxy.url)}: "
+        rf"prefill http://{p[0].address}:({p[0].port}|{p[1].port}) and decode http://{dec[0].address}:"
+        rf"({dec[0].port}|{dec[1].port}) in [0-9.]+s: '\S[^']*'\)", line), line
     assert (Path(d) / "readiness.log").read_text().strip().endswith(line)
 
 
-class _Canned(BaseHTTPRequestHandler):
-    answer: bytes = b""
-    delay: float = 0.0
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        time.sleep(self.delay)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.answer)))
-        self.end_headers()
-        self.wfile.write(self.answer)
-
-    def log_message(self, *args):
-        pass
-
-
-def _serve(address: str, port: int, message: dict) -> ThreadingHTTPServer:
-    handler = type("H", (_Canned,), {"answer": json.dumps({"choices": [{"message": message}]}).encode()})
-    ThreadingHTTPServer.allow_reuse_address = True
-    srv = ThreadingHTTPServer((address, port), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
-
-
-@pytest.mark.parametrize("message, ok", [
-    ({"role": "assistant", "content": "Hi there"}, True),
-    ({"role": "assistant", "content": None, "reasoning": "thinking about hello"}, True),
-    ({"role": "assistant", "content": "", "reasoning_content": "old-style reasoning"}, True),
-    ({"role": "assistant", "content": "", "reasoning": None}, False),
-])
-def test_readiness_reads_content_or_reasoning(tmp_path, message, ok):
-    values = stack(tmp_path, proxy_port=18931)
-    plan = plan_of(values)
-    srv = _serve(ADDRS["n0"], 18931, message)
+@pytest.mark.integration
+def test_readiness_reports_a_broken_decode_side(cluster):
+    """Every decode fails its KV load: the release proxy answers 200 with an empty body, which is not ready."""
+    tmp, plan, procs = cluster
+    d = install(plan, "n0")
+    decode = plan.ranks_of("decode")
+    for r in decode:
+        procs.stop(f"rank-{r.name}")
+    start_ranks(plan, procs, decode, FAKE_VLLM_FAULT="transfer-fail")
     try:
-        d = install(plan, "n0")
         done = run(f"{d}/readiness.sh")
     finally:
-        srv.shutdown()
-        srv.server_close()
-    assert (done.returncode == 0) is ok, done.stdout + done.stderr
-    if not ok:
-        assert "the completion has no text" in one_line(done)
+        for r in decode:
+            procs.stop(f"rank-{r.name}")
+        start_ranks(plan, procs, decode)
+    line = one_line(done)
+    assert done.returncode == 1
+    assert re.search(r"readiness n0: FAIL \(smoke completion failed via \S+: HTTP 200 with an empty body: the "
+                     r"decode side failed \(decode rank http://127\.0\.2\.12:\d+ failed the request\)\)", line), line
 
 
 def test_readiness_bounded_when_proxy_hangs_or_is_gone(tmp_path):
     plan = plan_of(stack(tmp_path, proxy_port=18932))
     d = install(plan, "n0", ProbeSettings(readiness_timeout_s=2, connect_timeout_s=1))
     done = run(f"{d}/readiness.sh")  # nothing listening
-    assert done.returncode == 1 and one_line(done).startswith("readiness n0: FAIL (chat completion via")
+    assert done.returncode == 1 and one_line(done).startswith(f"readiness n0: FAIL (smoke completion failed via {plan.proxy.url}:")
     silent = Silent(ADDRS["n0"], 18932)
     try:
         t0 = time.monotonic()
@@ -294,7 +275,8 @@ def test_readiness_bounded_when_proxy_hangs_or_is_gone(tmp_path):
 @pytest.mark.integration
 @pytest.mark.skipif(not (have_etcd() and have_dscli()), reason="needs etcd and openYuanrong's dscli")
 def test_liveness_with_a_real_worker(cluster, tmp_path):
-    """The real worker writes the liveness file; after it stops the file goes stale."""
+    """The real worker writes the liveness file; a hung worker (SIGSTOP) leaves it stale, and a stopped
+    one leaves it stale or (a graceful `dscli stop`) removes it: either way the probe fails."""
     tmp, plan, procs = cluster
     workers = Workers(tmp_path)
     values = stack(tmp)
@@ -307,9 +289,21 @@ def test_liveness_with_a_real_worker(cluster, tmp_path):
         done = run(f"{d}/liveness.sh")
         assert done.returncode == 0, done.stdout
         assert re.search(r"openYuanrong worker alive \(liveness [01]s old\)", one_line(done))
-        workers.stop(p.worker("n1").address)
+        address = p.worker("n1").address
+        pids = worker_pids(address)
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(3.5)
+            done = run(f"{d}/liveness.sh")
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        assert done.returncode == 1 and "not rewritten for" in one_line(done), done.stdout
+        workers.stop(address)
         time.sleep(3.5)
         done = run(f"{d}/liveness.sh")
-        assert done.returncode == 1 and "not rewritten for" in one_line(done)
+        assert done.returncode == 1 and ("not rewritten for" in one_line(done) or "is missing" in one_line(done)), done.stdout
     finally:
         workers.stop_all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
 from hypothesis import given, settings
@@ -35,8 +36,9 @@ def topology(draw):
     names = [f"n{i}" for i in range(n_pre + n_dec + spare)]
     draw(st.randoms()).shuffle(names)
     nodes = [{"name": n, "address": f"192.0.2.{10 + i}", "nic": "eth0"} for i, n in enumerate(names)]
+    # AscendDirect's range is inclusive at both ends: the first legal side channel is one above it.
     direct_top = MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * npus
-    pre_kv = draw(st.integers(direct_top, 50000))
+    pre_kv = draw(st.integers(direct_top + 1, 50000))
     cfg = {
         "hardware": hardware,
         "nodes": nodes,
@@ -44,7 +46,7 @@ def topology(draw):
         "model": {"path": "/m", "servedName": "m"},
         "prefill": {k: v for k, v in pre.items() if k != "instances"} | {"nodes": names[:n_pre], "kvPort": pre_kv},
         "decode": {k: v for k, v in dec.items() if k != "instances"} | {"nodes": names[n_pre : n_pre + n_dec],
-                                                                         "kvPort": draw(st.integers(51000, 60000))},
+                                                                         "kvPort": draw(st.integers(51000, 55000))},
         "yuanrong": {"sharedMemoryMb": 1024},
         "etcd": {"node": draw(st.sampled_from(names))},
         "proxy": {"node": draw(st.sampled_from(names)), "port": 18020},
@@ -67,8 +69,8 @@ def test_plan_invariants(case):
     for r in plan.ranks:
         devices_on[r.node] += r.devices
         ports_on[r.node].append(r.port)
-        if r.role == "prefill":
-            ports_on[r.node] += [cfg.prefill.kv_port + r.dp_rank * r.tp + t for t in range(r.tp)]
+        kv_port = getattr(cfg, r.role).kv_port
+        ports_on[r.node] += [kv_port + r.dp_rank * r.tp + t for t in range(r.tp)]
         env = dict(r.env)
         assert env["ASCEND_RT_VISIBLE_DEVICES"] == r.visible_devices
         assert len(r.devices) == r.tp
@@ -82,7 +84,7 @@ def test_plan_invariants(case):
     ports_on[plan.proxy.node].append(plan.proxy.port)
     for inst in plan.instances:
         ports_on[inst.nodes[0]].append(inst.ranks[0].rpc_port)
-    direct = range(MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * npus)
+    direct = range(MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_BASE + MOONCAKE_DIRECT_PER_DEVICE * npus + 1)
     for node, ports in ports_on.items():
         assert len(ports) == len(set(ports)), f"port collision on {node}: {sorted(ports)}"
         assert not any(p in direct for p in ports)
@@ -113,9 +115,15 @@ def test_plan_invariants(case):
         assert sorted(r.dp_rank for r in inst.ranks) == list(range(inst.dp))
         assert {r.dp_size for r in inst.ranks} == {inst.dp}
 
-    # Every node gets a worker script; rank nodes get exactly their instances' launches.
+    # Every node gets a worker script; a node with ranks gets one launch, for exactly its ranks.
     for node in plan.nodes:
-        names = [s.name for s in node_scripts(plan, node.name)]
+        node_s = node_scripts(plan, node.name)
+        names = [s.name for s in node_s]
         assert "worker" in names
-        launches = {n for n in names if n.startswith("launch-")}
-        assert launches == {f"launch-{i.name}" for i in plan.instances if node.name in i.nodes}
+        instances = [i for i in plan.instances if node.name in i.nodes]
+        assert len(instances) <= 1
+        assert names.count("launch") == len(instances)
+        if instances:
+            launch = next(s for s in node_s if s.name == "launch")
+            started = set(re.findall(r"started [^ ]*/([a-z]+-[0-9]+-r[0-9]+)\.pid", launch.create))
+            assert started == {r.name for r in instances[0].ranks_on(node.name)}

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from ascend_pd.status import (
     CacheCounters, HitRates, MetricsParseError, Timeouts, collect_status, format_table, metric_sum,
@@ -28,6 +30,9 @@ from status_support import (
 MAIN = Path(__file__).resolve().parents[1]
 ADDRS = {"n0": "127.0.2.1", "n1": "127.0.2.2", "n2": "127.0.2.3"}  # n2 runs only a worker
 FAST = Timeouts(connect_s=1.0, request_s=3.0, smoke_s=5.0)
+# The smoke reads every rank's /metrics twice around its completion, all within smoke_s; on a machine
+# loaded by others that needs room (the deadline itself is tested in test_status_robust.py).
+SMOKE = Timeouts(connect_s=2.0, request_s=5.0, smoke_s=40.0)
 
 # Counters set in every fake rank; the expected rates below are worked out by hand from them.
 COUNTERS = {
@@ -187,11 +192,27 @@ def test_progress_only_on_a_terminal(tmp_path):
         assert code == 1 and "PROBLEMS" in out.getvalue()
         assert ("polling" in err.getvalue()) is shown
         if shown:
-            assert err.getvalue().endswith("\r\033[K")  # the indicator is wiped before the table
+            assert err.getvalue().endswith("\033[2K")  # rich's transient bar is wiped before the table
+        else:
+            assert err.getvalue() == ""
+
+
+def test_rich_tables_on_a_terminal_plain_text_otherwise(tmp_path):
+    plan = plan_of(stack(tmp_path, {"n0": "127.0.2.4", "n1": "127.0.2.5"}))
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, pipe = Tty(), io.StringIO()
+    assert run(plan, timeouts=FAST, smoke=False, out=tty, err=io.StringIO()) == 1
+    assert run(plan, timeouts=FAST, smoke=False, out=pipe, err=io.StringIO()) == 1
+    assert "\x1b[" not in pipe.getvalue() and re.search(r"^COMPONENT +STATE +DETAIL$", pipe.getvalue(), re.M)
+    assert "\x1b[" in tty.getvalue() and "─" in tty.getvalue() and "PROBLEMS" in tty.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------
-# A small live stack: etcd, 3 workers, 2 prefill + 2 decode fake ranks, fake proxy
+# A small live stack: etcd, 3 workers, 2 prefill + 2 decode fake ranks, the release proxy
 
 
 @pytest.fixture(scope="module")
@@ -223,9 +244,19 @@ def reset_counters(plan) -> None:
 @pytest.mark.integration
 def test_all_healthy_exact_hit_rates(live):
     plan, procs, workers, project = live
-    rep = collect_status(plan, timeouts=FAST)  # with the smoke completion
+    rep = collect_status(plan, timeouts=SMOKE)  # with the smoke completion
     assert rep.ok, rep.problems
-    assert rep.exit_code == 0 and rep.smoke.ok and rep.smoke.latency_s < FAST.smoke_s and rep.smoke.text
+    assert rep.exit_code == 0 and rep.smoke.ok and rep.smoke.latency_s < SMOKE.smoke_s and rep.smoke.text
+    # Served by both sides: a prefill rank and a decode rank of the plan, proven by their counters.
+    p, d = plan.ranks_of("prefill"), plan.ranks_of("decode")
+    assert re.fullmatch(rf"prefill http://{p[0].address}:({p[0].port}|{p[1].port}) and decode "
+                        rf"http://{d[0].address}:({d[0].port}|{d[1].port})", rep.smoke.served_by), rep.smoke.served_by
+    assert [i.instance for i in rep.requests] == [inst.name for inst in plan.instances]
+    by_name = {i.instance: i for i in rep.requests}
+    for inst in plan.instances:
+        got = by_name[inst.name]
+        assert (got.ranks, got.of) == (len(inst.ranks), len(inst.ranks))
+        assert got.requests.running == 0 and got.requests.waiting == 0 and got.requests.failed == 0
     assert rep.etcd.healthy and rep.etcd.leader and rep.etcd.version.startswith("3.")
     assert [m["client_urls"] for m in rep.etcd.members] == [[plan.etcd.client_url]]
     assert [w.address for w in rep.workers if w.registered and w.state == "ready"] == [w.address for w in plan.workers]
@@ -253,7 +284,8 @@ def test_all_healthy_exact_hit_rates(live):
     assert_rates(rates(j["since_start"]["roles"]["prefill"]), EXPECTED["prefill"])
     assert_rates(rates(j["since_start"]["ranks"]["prefill-0-r0"]), EXPECTED["prefill-0-r0"])
     assert set(j) >= {"stack", "polled_at", "elapsed_s", "etcd", "workers", "unexpected_workers", "ranks",
-                      "proxy", "smoke", "since_start", "interval", "problems", "ok"}
+                      "requests", "instances", "proxy", "smoke", "since_start", "interval", "problems", "ok"}
+    assert set(j["requests"][0]["requests"]) == {"running", "waiting", "succeeded", "failed"}
 
     # ... and for people.
     done = cli(project, "--no-smoke")
@@ -265,6 +297,34 @@ def test_all_healthy_exact_hit_rates(live):
     assert "25.0% (250/1000)" in row and "40.0% (300/750)" in row and "55.0%" in row
     row = next(line for line in table.splitlines() if line.startswith("cluster"))
     assert "43.8% (1750/4000)" in row and "13.3% (300/2250)" in row and "51.2%" in row  # 2050/4000
+    assert "Requests per instance" in table
+    assert re.search(r"\nprefill-0 +2/2 +0 +0 +\d+ +0\n", table), table
+
+
+@pytest.mark.integration
+def test_broken_decode_side_reported(live):
+    """Decode ranks whose KV loads all fail: the release proxy answers HTTP 200 with an empty body;
+    status names the decode side, and the decode instance's failed counter shows it."""
+    plan, procs, workers, project = live
+    decode = plan.ranks_of("decode")
+    for r in decode:
+        procs.stop(f"rank-{r.name}")
+    start_ranks(plan, procs, decode, counters=COUNTERS, FAKE_VLLM_FAULT="transfer-fail")
+    try:
+        rep = collect_status(plan, timeouts=SMOKE)
+        assert [p.component for p in rep.problems] == [f"smoke chat completion via {plan.proxy.url}"]
+        assert re.fullmatch(r"HTTP 200 with an empty body: the decode side failed \(decode rank "
+                            rf"http://{decode[0].address}:\d+ failed the request\)", rep.problems[0].reason), rep.problems
+        # The poll read /metrics concurrently with the smoke: the next one counts its failures.
+        again = collect_status(plan, timeouts=SMOKE, smoke=False)
+        failed = {i.instance: i.requests.failed for i in again.requests}
+        assert failed["decode-0"] >= 1 and all(v == 0 for k, v in failed.items() if k != "decode-0"), failed
+        table = format_table(plan, rep)
+        assert re.search(r"\nsmoke chat completion +FAIL +HTTP 200 with an empty body: the decode side failed", table), table
+    finally:
+        for r in decode:
+            procs.stop(f"rank-{r.name}")
+        start_ranks(plan, procs, decode, counters=COUNTERS)
 
 
 @pytest.mark.integration
@@ -319,8 +379,12 @@ def test_dead_rank_reported(live):
 @pytest.mark.integration
 def test_proxy_wrong_counts_reported(live):
     plan, procs, workers, project = live
-    procs.stop("proxy")
-    start_proxy(plan, procs, FAKE_PROXY_REPORT_PREFILL="1")
+    # A proxy that lost a prefill instance (taken out through its /instances/remove, never put back).
+    host, port = plan.proxy.prefillers[0]
+    s = requests.Session()
+    s.trust_env = False
+    s.post(f"{plan.proxy.url}/instances/remove", json={"type": "prefill", "instances": [f"{host}:{port}"]},
+           timeout=10).raise_for_status()
     try:
         done = cli(project, "--json", "--no-smoke")
         assert done.returncode == 1

@@ -63,11 +63,11 @@ CASES = {
     "unknown proxy node": (
         lambda d: d["proxy"].update(node="x"), "ascend-pd:proxy.node", "unknown node 'x'"),
     "prefill kv_port inside AscendDirect range": (
-        lambda d: d["prefill"].update(kvPort=30000), "ascend-pd:prefill.kvPort", "kvPort >= 36000"),
+        lambda d: d["prefill"].update(kvPort=30000), "ascend-pd:prefill.kvPort", "kvPort >= 36001"),
     "prefill side channel runs into AscendDirect range from below": (
         lambda d: d["prefill"].update(kvPort=19990), "ascend-pd:prefill.kvPort", "AscendDirect"),
     "prefill and decode kv_port equal": (
-        lambda d: d["decode"].update(kvPort=36000), "ascend-pd:decode.kvPort", "both use kv_port 36000"),
+        lambda d: d["decode"].update(kvPort=36100), "ascend-pd:decode.kvPort", "both use kv_port 36100"),
     "proxy on etcd's port": (
         lambda d: d["proxy"].update(port=2379), "ascend-pd:proxy.port", "port 2379 on node p0"),
     "worker on a rank port": (
@@ -153,11 +153,14 @@ def test_a2_limits_are_per_profile():
     # DP2/TP4 fills an A2 node exactly; one more local rank does not fit 8 NPUs.
     message = refuse(mutate(lambda d: d["prefill"].update(dp=3), "a2-8node"))
     assert "ascend-pd:prefill.tp" in message and "atlas-800i-a2 has 8 per node" in message
-    # On A2 the AscendDirect range ends at 27999: 28000 is the first legal kvPort.
+    # On A2 the AscendDirect range ends at 28000 inclusive (device 7 draws from 27000-28000): 28001
+    # is the first legal kvPort.
     message = refuse(mutate(lambda d: d["prefill"].update(kvPort=27990), "a2-8node"))
-    assert "use a kvPort >= 28000" in message
+    assert "use a kvPort >= 28001" in message
+    message = refuse(mutate(lambda d: d["prefill"].update(kvPort=28000), "a2-8node"))
+    assert "20000-28000 (both ends inclusive)" in message
     flat = {k: v if isinstance(v, str) else json.dumps(v)
-            for k, v in mutate(lambda d: d["prefill"].update(kvPort=28000), "a2-8node").items()}
+            for k, v in mutate(lambda d: d["prefill"].update(kvPort=28001), "a2-8node").items()}
     assert build_plan(load_config(flat), "x").ranks
 
 

@@ -3,7 +3,8 @@
 A committed stack file is loaded exactly as the Pulumi CLI hands it to the program
 (`loader.cli_config_map`), then remapped to what one small machine holds: node addresses become
 loopback addresses 127.0.1.(10+i), sizes shrink, timeouts shorten, etcd/proxy point at local
-binaries and fakes. Everything still goes through `loader.load_config` and `plan.build_plan`, so the
+binaries, the proxy is the release's own script (tests/proxy_release.py) and the vLLM ranks are fakes
+that speak the P/D protocol. Everything still goes through `loader.load_config` and `plan.build_plan`, so the
 real validation runs on the remapped stack.
 
 Every node of a real cluster is its own machine with its own container filesystem. Here they share
@@ -30,13 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ascend_pd import scripts
+import proxy_release
+from quiet_worker import QUIET_WORKER_FLAGS
+from ascend_pd import scripts, shell
 from ascend_pd.loader import PROJECT_DIR, cli_config_map, load_config
 from ascend_pd.plan import Plan, build_plan
 
 FAKES = PROJECT_DIR / "tests" / "fakes"
 FAKES_BIN = FAKES / "bin"
-FAKE_PROXY = FAKES / "fake_proxy.py"
 PYTHON = sys.executable
 ETCD_BINARY = shutil.which("etcd") or "/usr/bin/etcd"
 VENV_BIN = str(Path(PYTHON).parent)
@@ -56,6 +58,9 @@ WORKER_PORT = 18581
 # 1 MiB, and 64 MiB holds the suite's values many times over.
 SHARED_MEMORY_MB = 64
 SCRIPT_TIMEOUT_S = 240  # no single script may take longer than this in the suite
+# The release's proxy imports fastapi/uvicorn (and httpx) before it listens: 1-2 s on a quiet machine,
+# 5-7 s measured on this loaded one, over 30 s at a load average of 400: the deadline leaves room for that.
+PROXY_READY_TIMEOUT_S = 120
 
 # Every script runs with this (unreachable) HTTP proxy in its environment, as in a container whose
 # env carries the proxy pip needs: probes of our own services must not go through it, and the
@@ -64,23 +69,60 @@ DEAD_PROXY = f"http://{ADDRESS_PREFIX}254:9"
 PROXY_ENV = {"http_proxy": DEAD_PROXY, "https_proxy": DEAD_PROXY, "HTTP_PROXY": DEAD_PROXY,
              "HTTPS_PROXY": DEAD_PROXY, "no_proxy": "", "NO_PROXY": ""}
 
-# Stand-in for `docker` on a node: `docker exec -i NAME CMD...` runs CMD here (stdin passed on);
-# `docker inspect --type container NAME` succeeds unless FAKE_DOCKER_NO_CONTAINER is set.
+# Stand-in for `docker` on a node, with the container's state in $FAKE_DOCKER_STATE (a file holding
+# `running` or `stopped`; no file: no such container; the harness creates it `running`):
+#   docker exec -i NAME CMD...     runs CMD here (stdin passed on) with FAKE_CONTAINER=<node> in its
+#                                  environment, or fails like docker when the container is stopped
+#                                  or missing;
+#   docker inspect --type container --format '{{.State.Running}}' NAME   true / false / No such container;
+#   docker start NAME              marks it running;
+#   docker stop [-t S] NAME        kills the processes of the container NAME (the node's, which is
+#                                  then stopped, or another one's, marked FAKE_CONTAINER=NAME).
+# FAKE_DOCKER_NO_CONTAINER=1 makes the container missing for one call.
 FAKE_DOCKER = """#!/usr/bin/env bash
 set -euo pipefail
+state=missing
+if [ -z "${FAKE_DOCKER_NO_CONTAINER:-}" ] && [ -f "${FAKE_DOCKER_STATE:?}" ]; then state=$(cat "$FAKE_DOCKER_STATE"); fi
+name() { for a in "$@"; do last=$a; done; echo "$last"; }
 case "${1:-}" in
   exec)
     shift
     while [ "${1:-}" = -i ] || [ "${1:-}" = -t ]; do shift; done
+    case "$state" in
+      running) ;;
+      stopped) echo "Error response from daemon: container $1 is not running" >&2; exit 1 ;;
+      *) echo "Error response from daemon: No such container: $1" >&2; exit 1 ;;
+    esac
     shift  # the container name
-    exec "$@" ;;
-  inspect) [ -z "${FAKE_DOCKER_NO_CONTAINER:-}" ] ;;
+    # Everything started in "the container" carries its name: what a container stop kills.
+    exec env FAKE_CONTAINER="${FAKE_DOCKER_NODE:?}" "$@" ;;
+  inspect)
+    case "$state" in
+      running) echo true ;;
+      stopped) echo false ;;
+      *) echo "Error: No such container: $(name "$@")" >&2; exit 1 ;;
+    esac ;;
+  start)
+    if [ "$state" = missing ]; then echo "Error response from daemon: No such container: $2" >&2; exit 1; fi
+    echo running > "$FAKE_DOCKER_STATE"; echo "$2" ;;
+  stop)
+    # The node's container, or another one (image-mode etcd): its processes end; a stopped
+    # container stays (restart policy unless-stopped: it stays stopped until started).
+    target=$(name "$@")
+    if [ "$target" = "${FAKE_DOCKER_CONTAINER:?}" ]; then mark=$FAKE_DOCKER_NODE; echo stopped > "$FAKE_DOCKER_STATE"
+    else mark=$target; fi
+    for f in /proc/[0-9]*/environ; do
+      if tr '\0' '\n' < "$f" 2>/dev/null | grep -qx "FAKE_CONTAINER=$mark"; then
+        p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null || true
+      fi
+    done
+    echo "$target" ;;
   *) echo "fake docker: unsupported: $*" >&2; exit 2 ;;
 esac
 """
 
 # Markers in the command line of every process the suite starts: what the cleanup scans for.
-PROCESS_NAMES = ("datasystem_worker", "etcd", "fake_vllm.py", "fake_proxy.py", "dscli")
+PROCESS_NAMES = ("datasystem_worker", "etcd", "fake_vllm.py", proxy_release.SCRIPT_NAME, "dscli")
 
 
 def _missing(tool: str) -> bool:
@@ -113,8 +155,10 @@ def local_config_map(stack: str, tmp: Path, node_dir: Path, **overrides) -> dict
     """The stack's CLI map, remapped to this machine; `node_dir` holds the node-local state.
     `overrides` replace top-level settings (decoded values) after the remapping."""
     raw = {k: _decode(v) for k, v in cli_config_map(stack).items()}
+    # Nodes (the stack's, or an override's: a renamed node) keep their position's loopback address.
+    overrides = dict(overrides)
     raw["nodes"] = [
-        {**n, "address": node_address(i), "nic": "lo"} for i, n in enumerate(raw["nodes"])
+        {**n, "address": node_address(i), "nic": "lo"} for i, n in enumerate(overrides.pop("nodes", raw["nodes"]))
     ]
     y = dict(raw["yuanrong"])
     y.update(
@@ -127,6 +171,7 @@ def local_config_map(stack: str, tmp: Path, node_dir: Path, **overrides) -> dict
         # Short enough that a worker killed by a test is noticed by its peers within the suite.
         nodeTimeoutS=5,
         nodeDeadTimeoutS=10,
+        flags={**QUIET_WORKER_FLAGS, **y.get("flags", {})},
     )
     if y.get("interleave") and shutil.which("numactl"):
         y["interleave"] = "all"  # this machine's NUMA nodes, whatever the stack's NPU servers have
@@ -135,6 +180,9 @@ def local_config_map(stack: str, tmp: Path, node_dir: Path, **overrides) -> dict
     raw["yuanrong"] = y
     raw["container"] = {**raw["container"], "shmSize": "1g"}
     raw.pop("hugepages", None)
+    # This machine has no NPUs, driver or hccn.conf: the preflight gate is tested against fake Ascend
+    # nodes behind sshd (tests/test_preflight_doctor.py), not in the deploy scenarios.
+    raw["preflight"] = {"mode": "off"}
     raw["etcd"] = {
         **raw["etcd"],
         "binary": ETCD_BINARY,
@@ -145,15 +193,20 @@ def local_config_map(stack: str, tmp: Path, node_dir: Path, **overrides) -> dict
     }
     raw["proxy"] = {
         **raw["proxy"],
-        "script": str(FAKE_PROXY),
-        "python": PYTHON,
-        "readyTimeoutS": 20,
+        # The release's own script, unedited, at the version the stack's image runs.
+        "script": str(proxy_release.for_stack(stack)),
+        "python": PYTHON,  # the test interpreter: fastapi, httpx and uvicorn are dev requirements
+        "readyTimeoutS": PROXY_READY_TIMEOUT_S,
         "smokeTimeoutS": 30,
     }
     raw["vllm"] = {**raw.get("vllm", {}), "readyTimeoutS": 60, "stopTimeoutS": 5}  # both the minimum
     raw["stateDir"] = str(node_dir / "state")
     for key, value in overrides.items():  # one level deep: {"yuanrong": {"flags": ...}} keeps the rest
+        if callable(value):  # a value per simulated node, from its directory
+            value = value(node_dir)
         if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            if key == "yuanrong" and "flags" in value:  # a test's worker flags join the quiet ones
+                value = {**value, "flags": {**QUIET_WORKER_FLAGS, **value["flags"]}}
             raw[key] = {**raw[key], **value}
         elif value is None:
             raw.pop(key, None)
@@ -173,11 +226,19 @@ class Cluster:
     # (scripts.in_container: `docker exec -i <container> bash -s <<'HEREDOC'`), run by `sh -c` with a
     # stand-in `docker` first on PATH whose `exec` runs the command here.
     transport: str = "bash"
+    # With the pulumi transport: whether every node's container exists (running) from the start; the
+    # engine scenarios create and delete containers themselves.
+    containers: bool = True
+    # Simulated nodes' directories are named after the node (default) or its address (the engine
+    # scenarios: a node renamed in the stack file is the same machine, with the same files).
+    dirs_by_address: bool = False
     plans: dict[str, Plan] = field(init=False)
 
     def __post_init__(self) -> None:
         self.tmp.mkdir(parents=True, exist_ok=True)
-        names = [n["name"] for n in json.loads(cli_config_map(self.stack)["nodes"])]
+        nodes = self.overrides.get("nodes") or json.loads(cli_config_map(self.stack)["nodes"])
+        names = [n["name"] for n in nodes]
+        self._addresses = {n: node_address(i) for i, n in enumerate(names)}
         self.plans = {}
         for name in names:
             d = self.node_dir(name)
@@ -189,6 +250,13 @@ class Cluster:
             docker = self.docker_bin / "docker"
             docker.write_text(FAKE_DOCKER)
             docker.chmod(0o755)
+            for name in self.plans:
+                if self.containers:
+                    self.container_state(name).write_text("running\n")
+
+    def container_state(self, node: str) -> Path:
+        """The fake docker's record of this node's NPU container (running/stopped/absent)."""
+        return self.node_dir(node) / "container.state"
 
     @property
     def docker_bin(self) -> Path:
@@ -205,7 +273,7 @@ class Cluster:
         return next(iter(self.plans.values()))
 
     def node_dir(self, node: str) -> Path:
-        return self.tmp / node
+        return self.tmp / (self._addresses[node] if self.dirs_by_address else node)
 
     def home(self, node: str) -> Path:
         return self.node_dir(node) / "home"
@@ -247,13 +315,16 @@ class Cluster:
     def env(self, node: str, extra: Optional[dict] = None) -> dict[str, str]:
         env = {
             k: v for k, v in os.environ.items()
-            if not k.startswith(("FAKE_VLLM_", "FAKE_PROXY_", "PYTEST_")) and k not in PROXY_ENV
+            if not k.startswith(("FAKE_VLLM_", "PYTEST_")) and k not in PROXY_ENV
         }
         env.update(PROXY_ENV)
         env["PATH"] = os.pathsep.join([str(FAKES_BIN), VENV_BIN, os.environ.get("PATH", "/usr/bin:/bin")])
         env["HOME"] = str(self.home(node))
         if self.transport == "pulumi":
             env["PATH"] = os.pathsep.join([str(self.docker_bin), env["PATH"]])
+            env["FAKE_DOCKER_STATE"] = str(self.container_state(node))
+            env["FAKE_DOCKER_NODE"] = node
+            env["FAKE_DOCKER_CONTAINER"] = self.plans[node].cfg.container.name
         env.update(extra or {})
         return env
 
@@ -273,7 +344,7 @@ class Cluster:
         argv = ["bash", "-s"]
         if self.transport == "pulumi":
             container = self.plans[node].cfg.container.name
-            argv, body = ["sh", "-c", scripts.in_container(container, body, missing_ok=kind == "delete")], ""
+            argv, body = ["sh", "-c", shell.in_container(container, body, delete=kind == "delete")], ""
         return run_script(body, env=self.env(node, env), cwd=self.node_dir(node), timeout=timeout,
                           check=check, what=f"{node}/{name}.{kind}", argv=argv)
 
@@ -489,7 +560,7 @@ def ranks_on(c: Cluster, node: str, role: Optional[str] = None):
 
 
 def launch_name(c: Cluster, node: str) -> str:
-    names = [s.name for s in c.scripts(node) if s.name.startswith("launch-")]
+    names = [s.name for s in c.scripts(node) if s.name == "launch"]
     assert len(names) == 1, names
     return names[0]
 

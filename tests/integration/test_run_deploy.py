@@ -30,7 +30,7 @@ def deployment(workdir: Path):
 
 
 def launches(c: harness.Cluster) -> list[tuple[str, str]]:
-    return [(n, f"launch-{inst.name}") for inst in c.any_plan.instances for n in inst.nodes]
+    return [(n, "launch") for inst in c.any_plan.instances for n in inst.nodes]
 
 
 def destroy(c: harness.Cluster, check: bool = True) -> None:
@@ -127,7 +127,7 @@ def test_probe_names_a_dead_rank_and_up_heals_it(deployment: harness.Cluster):
     assert r.returncode == 1 and rank.name in r.stdout, r.stdout
     others = {n: c.pid(n, x.name) for n in c.nodes for x in harness.ranks_on(c, n) if n != node}
     # `pulumi up` runs the launch again: the dead rank starts, nothing else moves.
-    up = c.run(node, f"launch-{rank.role}-{rank.instance}")
+    up = c.run(node, "launch")
     assert f"{rank.name}: started pid" in up.stdout
     assert {n: c.pid(n, x.name) for n in c.nodes for x in harness.ranks_on(c, n) if n != node} == others
     assert probe(c, node, "liveness.sh").returncode == 0

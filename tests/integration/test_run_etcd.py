@@ -43,7 +43,7 @@ def test_create_is_healthy_idempotent_and_delete_cleans(cluster: harness.Cluster
     assert again.returncode == 0
     assert "already running" in again.stdout
     assert cluster.pid(node, "etcd") == pid and harness.alive(pid)
-    assert again.elapsed < 5
+    assert again.elapsed < 20  # no start, no health wait; loose: CI is loaded
 
     gone = cluster.run(node, "etcd", "delete")
     assert gone.returncode == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_pd import scripts
+from ascend_pd import scripts, shell
 from ascend_pd.loader import load_stack
 from ascend_pd.plan import build_plan
 
@@ -56,7 +56,7 @@ class Host:
     def run(self, kind: str, *, wrapped: bool = False) -> subprocess.CompletedProcess:
         text = getattr(self.script, kind)
         if wrapped:  # exactly the command Pulumi sends over SSH, through a POSIX sh
-            return subprocess.run(["sh", "-c", scripts.on_host(text)], capture_output=True, text=True, timeout=30)
+            return subprocess.run(["sh", "-c", shell.on_host(text)], capture_output=True, text=True, timeout=30)
         return subprocess.run(["bash", "-s"], input=text, capture_output=True, text=True, timeout=30)
 
     @property

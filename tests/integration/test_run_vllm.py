@@ -53,10 +53,15 @@ def assert_no_ranks(c: harness.Cluster, node: str) -> None:
         assert not (c.run_dir(node) / f"{r.name}.pid").exists(), r.name
 
 
+DECODE_GROUP = ("d0", "d1", "d2", "d3")  # a2's one decode instance: DP32 over four nodes
+
+
 def test_decode_node_runs_all_eight_ranks_as_planned(a2: harness.Cluster):
     c, node = a2, "d0"
     script = harness.launch_name(c, node)
-    r = c.run(node, script)
+    # The whole group: a launch keeps its ranks only while every rank of its DP group answers.
+    results = c.run_many([(n, harness.launch_name(c, n)) for n in DECODE_GROUP])
+    r = results[f"{node}/{script}"]
     assert "decode-0 on d0: 8/8 ranks healthy" in r.stdout
     ranks = harness.ranks_on(c, node)
     assert [x.name for x in ranks] == [f"decode-0-r{i}" for i in range(8)]
@@ -79,21 +84,21 @@ def test_decode_node_runs_all_eight_ranks_as_planned(a2: harness.Cluster):
 
     again = c.run(node, script)
     assert again.stdout.count("already running") == 8
-    assert again.elapsed < 5
+    assert again.elapsed < 20  # no start, no health wait (the pids above prove no restart); loose: CI is loaded
     assert assert_ranks_up(c, node) == pids
 
 
-def test_stale_spec_restarts_exactly_that_rank(a2: harness.Cluster):
+def test_a_stale_spec_restarts_the_nodes_ranks_together(a2: harness.Cluster):
+    """One rank recorded with another command: the node's ranks of the group restart together (a
+    DP group cannot take one restarted rank back)."""
     c, node = a2, "d0"
     before = assert_ranks_up(c, node)
     (c.run_dir(node) / "decode-0-r3.spec").write_text("0000000000000000\n")
     r = c.run(node, harness.launch_name(c, node))
-    assert "decode-0-r3: running with an older command: restarting" in r.stdout
-    assert r.stdout.count("already running") == 7
+    assert "decode-0: its ranks' commands changed: restarting its ranks on d0" in r.stdout
+    assert "already running" not in r.stdout
     after = assert_ranks_up(c, node)
-    assert after["decode-0-r3"] != before["decode-0-r3"] and not harness.alive(before["decode-0-r3"])
-    assert {k: v for k, v in after.items() if k != "decode-0-r3"} == \
-        {k: v for k, v in before.items() if k != "decode-0-r3"}
+    assert not set(after.values()) & set(before.values())
 
 
 def test_changed_flag_restarts_the_changed_ranks_only(a2: harness.Cluster):
@@ -101,7 +106,6 @@ def test_changed_flag_restarts_the_changed_ranks_only(a2: harness.Cluster):
     decode ranks of nodes whose script has not run yet keep running untouched."""
     c = a2
     c.run("p0", harness.launch_name(c, "p0"))
-    c.run("d1", harness.launch_name(c, "d1"))
     before = {n: assert_ranks_up(c, n) for n in ("p0", "d0", "d1")}
 
     changed = harness.Cluster(c.stack, c.tmp, overrides={"decode": {"flags": {
@@ -110,7 +114,8 @@ def test_changed_flag_restarts_the_changed_ranks_only(a2: harness.Cluster):
     assert changed.script("d0", script).create != c.script("d0", script).create
     assert changed.script("p0", harness.launch_name(c, "p0")).create == c.script("p0", harness.launch_name(c, "p0")).create
     r = changed.run("d0", script)
-    assert r.stdout.count("running with an older command: restarting") == 8
+    assert "decode-0: its ranks' commands changed: restarting its ranks on d0" in r.stdout
+    assert r.stdout.count("started pid") == 8
     after = assert_ranks_up(changed, "d0")
     assert not set(after.values()) & set(before["d0"].values())
     for rank in harness.ranks_on(changed, "d0"):
@@ -128,7 +133,7 @@ def test_smaller_dp_stops_the_ranks_no_longer_planned(a2: harness.Cluster):
     gone = [c.pid("d0", f"decode-0-r{i}") for i in range(4, 8)]
     r = smaller.run("d0", harness.launch_name(smaller, "d0"))
     for i in range(4, 8):
-        assert f"stopping decode-0-r{i}: no longer planned" in r.stdout
+        assert f"decode-0-r{i}: no longer planned on d0: stopping it" in r.stdout
         assert not (c.run_dir("d0") / f"decode-0-r{i}.pid").exists()
     assert not any(harness.alive(p) for p in gone)
     assert "4/4 ranks healthy" in r.stdout
@@ -141,6 +146,7 @@ def test_smaller_dp_stops_the_ranks_no_longer_planned(a2: harness.Cluster):
 
 def test_rank_exiting_at_start_fails_the_launch_with_its_log(a2: harness.Cluster):
     c, node = a2, "d2"  # ranks decode-0-r16 .. r23
+    c.run(node, harness.launch_name(c, node), "delete")  # started with its group by the first test
     env = {"FAKE_VLLM_EXIT_AT_START": "3", "FAKE_VLLM_EXIT_RANKS": "19"}
     r = c.run(node, harness.launch_name(c, node), env=env, check=False)
     assert r.returncode != 0
@@ -208,7 +214,7 @@ def test_delete_stops_every_rank(a2: harness.Cluster, a3: harness.Cluster):
     for c in (a2, a3):
         results = c.run_many([(n, harness.launch_name(c, n)) for n in c.nodes], "delete")
         for key, r in results.items():
-            assert "ranks stopped" in r.stdout, key
+            assert f"ranks on {key.split('/')[0]} stopped" in r.stdout, key
         for n in c.nodes:
             assert_no_ranks(c, n)
         # Deleting again is harmless.

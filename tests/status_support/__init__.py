@@ -1,5 +1,6 @@
 """Helpers for tests/test_status.py and tests/test_probes.py: small stacks on 127.0.2.x, and the real
-processes they need (Debian etcd, openYuanrong workers via dscli, fake vLLM ranks, fake proxy),
+processes they need (Debian etcd, openYuanrong workers via dscli, fake vLLM ranks that speak the P/D
+protocol, the release's PD proxy script),
 each started in its own session and always stopped with a bound."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Iterable, Optional
 
 import requests
 
+import proxy_release
+from quiet_worker import QUIET_WORKER_FLAGS
 from ascend_pd.config import StackConfig
 from ascend_pd.loader import load_stack
 from ascend_pd.plan import Plan, Rank, build_plan
@@ -26,7 +29,9 @@ from ascend_pd.plan import Plan, Rank, build_plan
 TESTS = Path(__file__).resolve().parents[1]
 FAKES = TESTS / "fakes"
 FAKE_BIN = FAKES / "bin"
-FAKE_PROXY = FAKES / "fake_proxy.py"
+# The small stacks are A2 (atlas-800i-a2): the proxy of the release the a2 image runs.
+RELEASE_PROXY = str(proxy_release.for_stack("a2-8node"))
+PROXY_READY_S = 60  # the release proxy imports fastapi/uvicorn first: 5-7 s measured on a loaded machine
 ETCD = "/usr/bin/etcd"
 DSCLI = shutil.which("dscli", path=str(Path(sys.executable).parent)) or shutil.which("dscli") or "dscli"
 MODEL = "tiny-test-model"
@@ -72,10 +77,12 @@ def small_stack(
         "decode": {"nodes": decode, "nodesPerInstance": decode_nodes_per_instance, "dp": decode_dp, "tp": 1,
                    "portBase": port_base, "rpcPort": 17322, "kvPort": 36100},
         "yuanrong": {"port": worker_port, "sharedMemoryMb": 64, "nodeTimeoutS": 5, "nodeDeadTimeoutS": 10,
-                     "livenessPath": str(tmp / "liveness"), "startTimeoutS": 60, "stopTimeoutS": 30},
+                     "livenessPath": str(tmp / "liveness"), "startTimeoutS": 60, "stopTimeoutS": 30,
+                     "flags": QUIET_WORKER_FLAGS},
         "etcd": {"node": etcd_node, "clientPort": etcd_port, "peerPort": etcd_port + 1,
                  "dataDir": str(tmp / "etcd-data"), "binary": ETCD},
-        "proxy": {"node": proxy_node, "port": proxy_port, "script": str(FAKE_PROXY), "python": "python3"},
+        "proxy": {"node": proxy_node, "port": proxy_port, "script": RELEASE_PROXY,
+                  "python": sys.executable},
         "stateDir": str(tmp / "state"),
     }
 
@@ -113,7 +120,8 @@ def a2_8node_on_loopback(tmp: Path, first: int = 20) -> dict:
     values["yuanrong"].pop("interleave", None)
     values["etcd"]["dataDir"] = str(tmp / "etcd-data")
     values["etcd"]["binary"] = ETCD
-    values["proxy"]["script"] = str(FAKE_PROXY)
+    values["proxy"]["script"] = RELEASE_PROXY
+    values["proxy"]["python"] = sys.executable
     values["stateDir"] = str(tmp / "state")
     return values
 
@@ -124,7 +132,7 @@ def a2_8node_on_loopback(tmp: Path, first: int = 20) -> dict:
 
 def clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FAKE_VLLM_", "FAKE_PROXY_")) and k.lower() not in ("http_proxy", "https_proxy")}
+           if not k.startswith("FAKE_VLLM_") and k.lower() not in ("http_proxy", "https_proxy")}
     env["PATH"] = f"{FAKE_BIN}:{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
     env.update(extra)
     return env
@@ -225,11 +233,12 @@ def rank_env(r: Rank, counters: Optional[dict] = None, **extra: str) -> dict:
 
 
 def start_ranks(plan: Plan, procs: Procs, ranks: Optional[Iterable[Rank]] = None,
-                counters: Optional[dict[str, dict]] = None, wait: float = 60) -> None:
-    """Fake `vllm serve` for each rank with the plan's own argv and environment."""
+                counters: Optional[dict[str, dict]] = None, wait: float = 60, **env: str) -> None:
+    """Fake `vllm serve` for each rank with the plan's own argv and environment (plus `env`: a fault
+    switch such as FAKE_VLLM_FAULT)."""
     ranks = list(plan.ranks if ranks is None else ranks)
     for r in ranks:
-        procs.start(f"rank-{r.name}", list(r.argv), rank_env(r, (counters or {}).get(r.name)))
+        procs.start(f"rank-{r.name}", list(r.argv), rank_env(r, (counters or {}).get(r.name), **env))
     for r in ranks:
         p = procs.procs[f"rank-{r.name}"]
         try:
@@ -240,11 +249,12 @@ def start_ranks(plan: Plan, procs: Procs, ranks: Optional[Iterable[Rank]] = None
 
 
 def start_proxy(plan: Plan, procs: Procs, **env: str) -> None:
+    """The release's proxy script with the plan's argv (and without http_proxy: httpx would obey it)."""
     p = procs.start("proxy", list(plan.proxy.argv), clean_env(**env))
     try:
-        wait_until(lambda: p.poll() is None and http_ok(f"{plan.proxy.url}/healthcheck"), 30, "proxy")
+        wait_until(lambda: p.poll() is None and http_ok(f"{plan.proxy.url}/healthcheck"), PROXY_READY_S, "proxy")
     except TimeoutError:
-        raise RuntimeError(f"fake proxy did not start:\n{procs.log('proxy')}") from None
+        raise RuntimeError(f"the PD proxy did not start:\n{procs.log('proxy')}") from None
 
 
 def set_counters(r: Rank, values: dict) -> None:

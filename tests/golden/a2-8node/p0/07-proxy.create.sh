@@ -1,0 +1,436 @@
+#!/usr/bin/env bash
+# ascend-pd a2-8node: PD proxy http://192.0.2.10:18020 on p0
+set -euo pipefail
+node=p0
+run_dir=/workspace/ascend-pd/run
+log_dir=/workspace/ascend-pd/logs
+pidfile=/workspace/ascend-pd/run/proxy.pid
+log=/workspace/ascend-pd/logs/proxy.log
+url=http://192.0.2.10:18020
+py=python3
+model=deepseek_v4
+n_prefill=8
+n_decode=32
+ready_timeout_s=300
+smoke_timeout_s=600
+log_tail=50
+ranks='{"prefill":["http://192.0.2.10:7100","http://192.0.2.10:7101","http://192.0.2.11:7100","http://192.0.2.11:7101","http://192.0.2.12:7100","http://192.0.2.12:7101","http://192.0.2.13:7100","http://192.0.2.13:7101"],"decode":["http://192.0.2.20:7100","http://192.0.2.20:7101","http://192.0.2.20:7102","http://192.0.2.20:7103","http://192.0.2.20:7104","http://192.0.2.20:7105","http://192.0.2.20:7106","http://192.0.2.20:7107","http://192.0.2.21:7100","http://192.0.2.21:7101","http://192.0.2.21:7102","http://192.0.2.21:7103","http://192.0.2.21:7104","http://192.0.2.21:7105","http://192.0.2.21:7106","http://192.0.2.21:7107","http://192.0.2.22:7100","http://192.0.2.22:7101","http://192.0.2.22:7102","http://192.0.2.22:7103","http://192.0.2.22:7104","http://192.0.2.22:7105","http://192.0.2.22:7106","http://192.0.2.22:7107","http://192.0.2.23:7100","http://192.0.2.23:7101","http://192.0.2.23:7102","http://192.0.2.23:7103","http://192.0.2.23:7104","http://192.0.2.23:7105","http://192.0.2.23:7106","http://192.0.2.23:7107"]}'
+# The environment an interactive shell in this container has (CANN's set_env.sh files).
+set +eu
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then . /usr/local/Ascend/ascend-toolkit/set_env.sh; fi
+# shellcheck source=/dev/null
+if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ]; then . /usr/local/Ascend/nnal/atb/set_env.sh; fi
+set -eu
+alive() {  # alive PID: running and not a zombie
+  local stat
+  stat=$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ "${stat%% *}" != Z ]
+}
+
+start_time() {  # start_time PID: when it started (clock ticks since boot, /proc/PID/stat field 22)
+  sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
+}
+
+pid_of() {  # pid_of PIDFILE: print the pid it records if THAT process still runs, else fail
+  # A pid alone is not an identity: after a reboot or a container restart pids start again from
+  # 1, and a stale pid file may name some other process. Its start time, recorded beside it, is.
+  local pid recorded
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [ -n "$pid" ] && alive "$pid" || return 1
+  # A pid file written before start times were recorded (an older ascend-pd) is trusted as before.
+  if recorded=$(cat "${1%.pid}.start" 2>/dev/null); then
+    [ "$(start_time "$pid")" = "$recorded" ] || return 1
+  fi
+  echo "$pid"
+}
+
+stop_pidfiles() {  # stop_pidfiles GRACE PIDFILE...: TERM every process group at once, KILL what is left after GRACE s
+  local grace=$1 pidfile pid deadline waiting
+  shift
+  local pids=()
+  # Every pid first, then the signals: the ranks of a DP group die with each other, so a rank
+  # TERMed first would take its peers' leaders down before their pid files are read, and their
+  # groups (engine cores, a stopped one among them) would never get the KILL below.
+  for pidfile in "$@"; do
+    # Read once: the file may go away between a test and a second read.
+    if pid=$(pid_of "$pidfile"); then pids+=("$pid"); fi
+  done
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  done
+  deadline=$((SECONDS + grace))
+  while :; do
+    waiting=""
+    for pid in ${pids[@]+"${pids[@]}"}; do if alive "$pid"; then waiting="$waiting $pid"; fi; done
+    if [ -z "$waiting" ] || [ "$SECONDS" -ge "$deadline" ]; then break; fi
+    sleep 0.5
+  done
+  if [ -n "$waiting" ]; then echo "pid(s)$waiting ignored TERM for ${grace}s: KILL" >&2; fi
+  # KILL every group regardless: children (engine cores) must not outlive their leader.
+  for pid in ${pids[@]+"${pids[@]}"}; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + 10))
+  for pid in ${pids[@]+"${pids[@]}"}; do
+    while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
+  done
+  for pidfile in "$@"; do rm -f "$pidfile" "${pidfile%.pid}.spec" "${pidfile%.pid}.start"; done
+}
+
+running_with() {  # running_with PIDFILE SPEC: 0 if its process runs with the command fingerprint SPEC
+  pid_of "$1" >/dev/null && [ "$(cat "${1%.pid}.spec" 2>/dev/null)" = "$2" ]
+}
+
+needs_start() {  # needs_start PIDFILE SPEC GRACE: 0 if it must (re)start, 1 if running with SPEC
+  local pidfile=$1 spec=$2 grace=$3 name
+  name=$(basename "${pidfile%.pid}")
+  if running_with "$pidfile" "$spec"; then
+    echo "$name: already running (pid $(cat "$pidfile"))"
+    return 1
+  fi
+  if pid_of "$pidfile" >/dev/null; then
+    echo "$name: running with an older command: restarting"
+    stop_pidfiles "$grace" "$pidfile"
+  fi
+  return 0
+}
+
+started() {  # started PIDFILE SPEC PID: record a process this script just put in the background
+  echo "$3" > "$1"
+  start_time "$3" > "${1%.pid}.start"
+  echo "$2" > "${1%.pid}.spec"
+  echo "$(basename "${1%.pid}"): started pid $3"
+}
+
+rotate_log() {  # rotate_log LOG: keep the previous run's log beside the new one
+  if [ -f "$1" ]; then mv -f "$1" "$1.1"; fi
+}
+
+show_log() {  # show_log LOG: its last lines on stderr
+  echo "--- last lines of $1:" >&2
+  tail -n "$log_tail" "$1" >&2 2>/dev/null || echo "(no log)" >&2
+}
+
+fail_with_log() {  # fail_with_log LOG MESSAGE
+  echo "$2" >&2
+  show_log "$1"
+  exit 1
+}
+
+container_incarnation() {  # the start time of this container's PID 1: new after a restart or a replacement
+  sed -e 's/^.*) //' /proc/1/stat | cut -d' ' -f20
+}
+
+step_done() {  # step_done MARKER SPEC: 0 if MARKER records SPEC in this container incarnation
+  [ "$(cat "$1" 2>/dev/null)" = "$2 $(container_incarnation)" ]
+}
+
+mark_done() {  # mark_done MARKER SPEC
+  mkdir -p "$(dirname "$1")"
+  echo "$2 $(container_incarnation)" > "$1"
+}
+
+proxy_check=$(cat <<'ASCEND_PD_PY'
+"""The PD proxy's readiness checks, run inside the container by the proxy script (`python -c`).
+
+    proxy_check.py healthcheck PREFILL DECODE     (the /healthcheck JSON on stdin)
+
+healthcheck: exit 0 when the proxy reports exactly PREFILL prefill and DECODE decode instances;
+quietly 1 otherwise (it runs every 2 s until the deadline). The smoke completion is pd_smoke.py.
+"""
+
+import json
+import sys
+
+
+def healthcheck(prefill: str, decode: str) -> int:
+    try:
+        h = json.load(sys.stdin)
+    except ValueError:
+        return 1  # not listening yet: no body
+    if not isinstance(h, dict):
+        return 1
+    return 0 if (h.get("prefill_instances"), h.get("decode_instances")) == (int(prefill), int(decode)) else 1
+
+
+if __name__ == "__main__":
+    mode, args = sys.argv[1], sys.argv[2:]
+    sys.exit(healthcheck(*args) if mode == "healthcheck" else 2)
+ASCEND_PD_PY
+)
+pd_smoke=$(cat <<'ASCEND_PD_PY'
+"""A smoke completion that proves the P/D path, not only that something answered.
+
+    pd_smoke.py URL MODEL TIMEOUT_S RANKS_JSON MAX_TOKENS     (RANKS_JSON: {"prefill": [url], "decode": [url]})
+
+Reads `/metrics` of every rank, sends one chat completion through the proxy at URL, reads `/metrics`
+again, and passes only when (1) the answer has text, (2) a prefill rank finished a request and a
+decode rank's `vllm:external_prefix_cache_hits_total` (KV received through the connector) rose
+meanwhile, and (3) all of it took at most TIMEOUT_S. Otherwise it says which side did not take part:
+a decode-only fallback (the proxy's prefill hand-over gave the decode nothing to load), an HTTP 200
+with an empty body (the proxy's answer when its decoder failed), a failed decode, a bypassed prefill.
+Prints one line (stdout when it passes, stderr when not) and exits 0 or 1. Standard library only: it
+runs inside the container (`python -c`), and `ascend_pd.status` imports `judge` from it.
+
+Other traffic moves the counters too; it can make the check pass only when that traffic itself went
+through prefill and decode, which proves the same path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+SERVED = ("stop", "length")  # finished reasons of a request a rank completed
+FAILED = ("abort", "error")
+_LINE = re.compile(r'^(vllm:[a-z_]+)(\{[^}]*\})?\s+(\S+)')
+_REASON = re.compile(r'finished_reason="([a-z]+)"')
+
+
+def counters(text: str) -> dict:
+    """The request counters of one rank's /metrics text, summed over label sets (engine, model)."""
+    c = dict.fromkeys(("running", "waiting", "served", "failed", "prompt_tokens", "generation_tokens",
+                       "external_hits"), 0.0)
+    names = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+             "vllm:prompt_tokens_total": "prompt_tokens", "vllm:generation_tokens_total": "generation_tokens",
+             "vllm:external_prefix_cache_hits_total": "external_hits"}
+    for line in text.split("\n"):
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if value != value:  # NaN
+            continue
+        name = m.group(1)
+        if name == "vllm:request_success_total":
+            reason = _REASON.search(m.group(2) or "")
+            key = "served" if reason is None or reason.group(1) in SERVED else "failed"
+            c[key] += value
+        elif name in names:
+            c[names[name]] += value
+    return c
+
+
+def _rose(before: dict, after: dict, key: str) -> list:
+    """URLs whose counter `key` went up (a rank that restarted in between starts from zero)."""
+    out = []
+    for url, b in before.items():
+        a = after.get(url)
+        if a is not None and b is not None and a[key] > b[key]:
+            out.append(url)
+    return out
+
+
+def judge(ranks: dict, before: dict, after: dict, status: int, body: bytes, latency: float, timeout_s: float):
+    """(ok, message). `ranks` is {"prefill": [url], "decode": [url]}; `before`/`after` map a rank URL
+    to its `counters()` or None (unreadable); `status`/`body` are the proxy's answer."""
+    seen = {role: [u for u in urls if before.get(u) is not None and after.get(u) is not None]
+            for role, urls in ranks.items()}
+    prefill_in = {u: before[u] for u in seen["prefill"]}
+    decode_in = {u: before[u] for u in seen["decode"]}
+    served_p = _rose(prefill_in, after, "served")
+    failed_d = _rose(decode_in, after, "failed")
+    kv_d = _rose(decode_in, after, "external_hits")
+    served_d = _rose(decode_in, after, "served")
+    if latency > timeout_s:
+        return False, f"the answer took {latency:.1f}s, more than the {timeout_s:g}s deadline"
+    decode_failed = f"decode rank {failed_d[0]} failed the request" if failed_d else ""
+    if status != 200:
+        side = decode_failed or ("prefill took part" if served_p else "no prefill rank served it")
+        return False, f"HTTP {status} from the proxy ({side}): {body[:120].decode(errors='replace')!r}"
+    text = ""
+    try:
+        msg = json.loads(body)["choices"][0]["message"]
+        # Reasoning models may answer only in `reasoning` (vLLM >= 0.17) or `reasoning_content` (older).
+        text = " ".join(str(msg.get("content") or msg.get("reasoning") or msg.get("reasoning_content") or "").split())
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        if body.strip():
+            return False, f"no chat completion in the answer: {body[:120].decode(errors='replace')!r}"
+    if not body.strip():
+        side = decode_failed or "no decode rank finished it"
+        return False, f"HTTP 200 with an empty body: the decode side failed ({side})"
+    if not text:
+        return False, f"the completion has no text: {body[:120].decode(errors='replace')!r}"
+    for role in ("prefill", "decode"):
+        if not seen[role]:
+            return False, (f"'{text[:40]}', but /metrics of no {role} rank was readable before and after: "
+                           f"the P/D path is unproven")
+    if not served_p:
+        return False, (f"decode-only answer '{text[:40]}': no prefill rank of {len(seen['prefill'])} served the "
+                       f"request (prefill bypassed)")
+    if not kv_d:
+        who = f"decode rank {served_d[0]}" if served_d else "a decode rank"
+        return False, (f"decode-only fallback '{text[:40]}': {who} computed the prompt itself; no decode rank "
+                       f"received KV from prefill (vllm:external_prefix_cache_hits_total did not rise)")
+    return True, f"prefill {served_p[0]} and decode {kv_d[0]} in {latency:.1f}s: '{text[:60]}'"
+
+
+def _metrics(url: str, timeout: float):
+    try:
+        with _DIRECT.open(url + "/metrics", timeout=timeout) as resp:
+            return counters(resp.read(8 * 1024 * 1024).decode("utf-8", "replace"))
+    except Exception:  # noqa: BLE001 - an unreadable rank is judged as such
+        return None
+
+
+def _all_metrics(ranks: dict, timeout: float) -> dict:
+    urls = [u for urls in ranks.values() for u in urls]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(urls)))) as pool:
+        return dict(zip(urls, pool.map(lambda u: _metrics(u, timeout), urls)))
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via http_proxy
+
+
+def main(url: str, model: str, timeout_s: str, ranks_json: str, max_tokens: str = "16") -> int:
+    timeout, ranks = float(timeout_s), json.loads(ranks_json)
+    started = time.monotonic()
+    phase = min(5.0, timeout / 4)  # each /metrics round; the completion gets the rest
+    before = _all_metrics(ranks, phase)
+    req = urllib.request.Request(url + "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({
+                                     "model": model, "messages": [{"role": "user", "content": "hello"}],
+                                     "max_tokens": int(max_tokens), "temperature": 0, "stream": False,
+                                     "chat_template_kwargs": {"enable_thinking": False}}).encode())
+    t0 = time.monotonic()
+    try:
+        with _DIRECT.open(req, timeout=max(1.0, timeout - (t0 - started) - phase)) as resp:
+            status, body = resp.status, resp.read(1024 * 1024)
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read(1024 * 1024)
+    except Exception as exc:  # noqa: BLE001 - the operator sees the reason
+        slow = isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
+        why = f"no answer within {timeout:g}s" if slow else repr(exc)
+        print(f"smoke completion failed via {url}: {why}"[:300], file=sys.stderr)
+        return 1
+    latency = time.monotonic() - t0
+    after = _all_metrics(ranks, max(0.5, min(phase, timeout - (time.monotonic() - started))))
+    ok, message = judge(ranks, before, after, status, body, latency, timeout)
+    print(f"smoke completion {'ok' if ok else 'failed'} via {url}: {message}", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
+ASCEND_PD_PY
+)
+if ! command -v "$py" >/dev/null 2>&1; then
+  echo "ascend-pd:proxy.python $py is not found in the container on $node: name the interpreter that has fastapi, httpx and uvicorn" >&2
+  exit 1
+fi
+mkdir -p "$run_dir" "$log_dir"
+if needs_start /workspace/ascend-pd/run/proxy.pid 7368ca60c922012f 30; then
+  rotate_log /workspace/ascend-pd/logs/proxy.log
+  setsid nohup env \
+      -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
+      python3 /vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py \
+      --host 192.0.2.10 \
+      --port 18020 \
+      --prefiller-hosts 192.0.2.10 \
+      192.0.2.10 \
+      192.0.2.11 \
+      192.0.2.11 \
+      192.0.2.12 \
+      192.0.2.12 \
+      192.0.2.13 \
+      192.0.2.13 \
+      --prefiller-ports 7100 \
+      7101 \
+      7100 \
+      7101 \
+      7100 \
+      7101 \
+      7100 \
+      7101 \
+      --decoder-hosts 192.0.2.20 \
+      192.0.2.20 \
+      192.0.2.20 \
+      192.0.2.20 \
+      192.0.2.20 \
+      192.0.2.20 \
+      192.0.2.20 \
+      192.0.2.20 \
+      192.0.2.21 \
+      192.0.2.21 \
+      192.0.2.21 \
+      192.0.2.21 \
+      192.0.2.21 \
+      192.0.2.21 \
+      192.0.2.21 \
+      192.0.2.21 \
+      192.0.2.22 \
+      192.0.2.22 \
+      192.0.2.22 \
+      192.0.2.22 \
+      192.0.2.22 \
+      192.0.2.22 \
+      192.0.2.22 \
+      192.0.2.22 \
+      192.0.2.23 \
+      192.0.2.23 \
+      192.0.2.23 \
+      192.0.2.23 \
+      192.0.2.23 \
+      192.0.2.23 \
+      192.0.2.23 \
+      192.0.2.23 \
+      --decoder-ports 7100 \
+      7101 \
+      7102 \
+      7103 \
+      7104 \
+      7105 \
+      7106 \
+      7107 \
+      7100 \
+      7101 \
+      7102 \
+      7103 \
+      7104 \
+      7105 \
+      7106 \
+      7107 \
+      7100 \
+      7101 \
+      7102 \
+      7103 \
+      7104 \
+      7105 \
+      7106 \
+      7107 \
+      7100 \
+      7101 \
+      7102 \
+      7103 \
+      7104 \
+      7105 \
+      7106 \
+      7107 \
+      --waiting-retry-interval 1.0 \
+      > /workspace/ascend-pd/logs/proxy.log 2>&1 < /dev/null &
+  started /workspace/ascend-pd/run/proxy.pid 7368ca60c922012f $!
+fi
+# /healthcheck must report every planned instance.
+deadline=$((SECONDS + ready_timeout_s))
+until curl --noproxy '*' -fsS -m 5 "$url/healthcheck" 2>/dev/null | "$py" -c "$proxy_check" healthcheck "$n_prefill" "$n_decode"; do
+  if ! pid_of "$pidfile" >/dev/null; then fail_with_log "$log" "the proxy exited before /healthcheck answered"; fi
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "last /healthcheck: $(curl --noproxy '*' -sS -m 5 "$url/healthcheck" 2>&1 || true)" >&2
+    stop_pidfiles 10 "$pidfile"
+    fail_with_log "$log" "proxy /healthcheck did not report $n_prefill prefill + $n_decode decode instances within ${ready_timeout_s}s"
+  fi
+  sleep 2
+done
+# One chat completion through the proxy must return text that a prefill and a decode rank both served.
+if ! "$py" -c "$pd_smoke" "$url" "$model" "$smoke_timeout_s" "$ranks" 16; then
+  stop_pidfiles 10 "$pidfile"
+  fail_with_log "$log" "smoke completion through the proxy failed"
+fi
+echo "proxy ready at $url ($n_prefill prefill, $n_decode decode)"

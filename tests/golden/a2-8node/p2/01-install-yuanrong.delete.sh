@@ -1,4 +1,0 @@
-#!/usr/bin/env bash
-# ascend-pd a2-8node: openYuanrong package on p2
-set -euo pipefail
-echo 'installed packages stay until the container is replaced'

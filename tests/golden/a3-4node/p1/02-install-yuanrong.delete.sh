@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# ascend-pd a3-4node: openYuanrong Datasystem (forget) on p1
+set -euo pipefail
+what='openYuanrong Datasystem'
+marker=/workspace/ascend-pd/prepared/install-yuanrong.done
+echo "$what: installed packages stay until the container is replaced"
+rm -f "$marker"

@@ -1,0 +1,259 @@
+"""The second `pulumi up`: every kind of change to a running a2-8node deployment, run as the engine
+would run it (tests/integration/engine_harness.py: the program's graphs before and after, the
+engine model's steps, each step's real command on its loopback node), must converge: every
+planned rank healthy, nothing unplanned running, no port or NPU held twice, etcd holding exactly
+the planned workers, the proxy serving every instance.
+
+The scenarios run in order on one deployment, each from where the previous one left it (as an
+operator's changes do), so a scenario that leaves debris fails the next one too. The a2 topology
+is kept (8 nodes: 4 one-node prefill instances, a 4-node decode group); decode is DP8 (2 ranks per
+node) instead of DP32 to keep the number of fake ranks small.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import engine_harness as eh
+import run_harness as harness
+
+from ascend_pd.engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE
+from ascend_pd.loader import cli_config_map
+
+pytestmark = pytest.mark.integration
+
+STACK = "a2-8node"
+# yuanrong.stopTimeoutS at its floor: a worker's delete waits that long for `dscli stop` before it
+# terminates the worker, and the scenarios stop workers many times.
+BASE = {"decode": {"dp": 8}, "yuanrong": {"stopTimeoutS": 5}}
+DECODE = ("d0", "d1", "d2", "d3")
+
+
+@pytest.fixture(scope="module")
+def dep(workdir: Path):
+    harness.require_tools(harness.ETCD_BINARY, "curl", "dscli", "setsid")
+    d = eh.Deployment(STACK, workdir / "scn", base=BASE)
+    yield d
+    if d.state:
+        d.destroy()
+
+
+def test_first_up_converges_and_a_second_changes_nothing(dep: eh.Deployment):
+    run = dep.up()
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+    before = eh.pids_of_ranks(dep)
+    again = dep.up()
+    assert again.outcome.ok and again.ops() == []
+    assert eh.pids_of_ranks(dep) == before
+
+
+def decode_pids(dep: eh.Deployment) -> dict[str, int]:
+    return {k: v for k, v in eh.pids_of_ranks(dep).items() if k.startswith("decode-")}
+
+
+def prefill_pids(dep: eh.Deployment) -> dict[str, int]:
+    return {k: v for k, v in eh.pids_of_ranks(dep).items() if k.startswith("prefill-")}
+
+
+def test_a_decode_flag_restarts_the_decode_group_only(dep: eh.Deployment):
+    prefill, decode = prefill_pids(dep), decode_pids(dep)
+    run = dep.up({"decode": {"flags": {**dep.cluster.any_plan.cfg.decode.flags, "max-num-seqs": 24}}})
+    assert run.outcome.ok, run.failures()
+    assert set(run.ops()) == {(UPDATE, f"{n}-launch") for n in DECODE}
+    eh.converged(dep)
+    assert prefill_pids(dep) == prefill
+    assert not set(decode_pids(dep).values()) & set(decode.values())  # the whole group restarted
+
+
+def test_decode_split_into_two_groups_and_back(dep: eh.Deployment):
+    """nodesPerInstance 4 -> 2 renames ranks (decode-0-r4.. on d2 become decode-1-r0..) and
+    regroups the nodes: each node's launch stops what its node no longer runs before it starts."""
+    run = dep.up({"decode": {"nodesPerInstance": 2, "dp": 4}})
+    assert run.outcome.ok, run.failures()
+    assert {n for op, n in run.ops()} >= {f"{n}-launch" for n in DECODE}
+    assert not run.names(CREATE) and not run.names(DELETE)
+    eh.converged(dep)
+    assert [i.name for i in dep.cluster.any_plan.instances_of("decode")] == ["decode-0", "decode-1"]
+    run = dep.up({"decode": {"nodesPerInstance": None, "dp": 8}})
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+
+
+def test_prefill_loses_a_node_and_gets_it_back(dep: eh.Deployment):
+    """[p0..p3] -> [p0, p2, p3]: p2's and p3's instances are renumbered (prefill-2 -> prefill-1 ...)
+    and p1's launch leaves the program, so its ranks stop only at the very end of the run."""
+    run = dep.up({"prefill": {"nodes": ["p0", "p2", "p3"]}})
+    assert run.outcome.ok, run.failures()
+    assert (DELETE, "p1-launch") in run.ops()
+    assert run.ops().index((DELETE, "p1-launch")) > run.ops().index((UPDATE, "p2-launch"))
+    eh.converged(dep)
+    run = dep.up({"prefill": {"nodes": None}})
+    assert run.outcome.ok, run.failures()
+    assert (CREATE, "p1-launch") in run.ops()
+    eh.converged(dep)
+
+
+def renamed_nodes(old: str, new: str, *, alias: bool) -> list[dict]:
+    """The stack's nodes with `old` renamed to `new` (its earlier name recorded when `alias`)."""
+    nodes = json.loads(cli_config_map(STACK)["nodes"])
+    for n in nodes:
+        if n["name"] == old:
+            n["name"] = new
+            if alias:
+                n["formerNames"] = [old]
+    return nodes
+
+
+def test_a_renamed_node_needs_its_former_name(dep: eh.Deployment):
+    """Without `formerNames` a renamed node is a new resource: its container is created beside the
+    old one, which holds the fixed container name, and docker refuses; nothing else changed. With
+    `formerNames` it is the same node: updates only, nothing restarted."""
+    prefill = {"nodes": ["p0", "p1", "p2", "p3x"]}
+    run = dep.up({"nodes": renamed_nodes("p3", "p3x", alias=False), "prefill": prefill})
+    assert not run.outcome.ok
+    assert "Conflict. The container name" in run.failures()["p3x-container"]
+    ranks = eh.pids_of_ranks(dep)
+    run = dep.up({"nodes": renamed_nodes("p3", "p3x", alias=True), "prefill": prefill})
+    assert run.outcome.ok, run.failures()
+    assert eh.pids_of_ranks(dep) == ranks  # a name is not a process: nothing restarted
+    assert not {n for op, n in run.ops() if op in (REPLACE, DELETE_REPLACED) and n.endswith("-container")}
+    eh.converged(dep)
+    # And back (p3 is now the former name of p3x).
+    back = [dict(n, formerNames=["p3x"]) if n["name"] == "p3" else n for n in renamed_nodes("p3", "p3", alias=False)]
+    run = dep.up({"nodes": back, "prefill": {"nodes": None}})
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+
+
+def test_identity_settings_replace_with_the_old_delete_first(dep: eh.Deployment):
+    """stateDir, yuanrong.port and etcd.dataDir decide which processes and files a script manages:
+    a change replaces (old delete first), so no old etcd, worker or rank is left beside the new."""
+    run = dep.up({
+        "stateDir": lambda d: str(d / "state2"),
+        "yuanrong": {"port": harness.WORKER_PORT + 7},
+        "etcd": {"dataDir": str(dep.tmp / "etcd-data-2")},
+    })
+    assert run.outcome.ok, run.failures()
+    ops = run.ops()
+    for name in ("p0-etcd", "p0-worker", "d1-worker", "d1-launch", "p0-proxy"):
+        assert ops.index((DELETE_REPLACED, name)) < ops.index((REPLACE, name)), name
+    eh.converged(dep)
+    assert not (dep.tmp / "etcd-data").exists()
+    run = dep.up({"stateDir": None, "yuanrong": {"port": None}, "etcd": {"dataDir": None}})  # and back
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+
+
+def test_etcd_moves_into_its_own_container_and_back(dep: eh.Deployment):
+    run = dep.up({"etcd": {"image": "quay.io/coreos/etcd:v3.5.12"}})
+    assert run.outcome.ok, run.failures()
+    ops = run.ops()
+    # The engine creates the etcd container (a new resource) before the replaced etcd command's old
+    # delete stops the binary etcd on the same ports: the container's etcd fails to bind and docker
+    # restarts it (restart: unless-stopped) until the port is free; the health gate runs after the
+    # old delete. Every worker's script names the etcd it registers in: they are updated after the
+    # gate, find themselves unregistered in the new etcd, and restart into it.
+    assert ops.index((CREATE, "p0-etcd-container")) < ops.index((DELETE_REPLACED, "p0-etcd")) \
+        < ops.index((REPLACE, "p0-etcd"))
+    assert run.names(UPDATE) == {f"{n}-worker" for n in dep.cluster.nodes}
+    for n in dep.cluster.nodes:
+        assert ops.index((REPLACE, "p0-etcd")) < ops.index((UPDATE, f"{n}-worker"))
+    eh.converged(dep)
+    run = dep.up({"etcd": {"image": None}})
+    assert run.outcome.ok, run.failures()
+    assert (DELETE, "p0-etcd-container") in run.ops()
+    eh.converged(dep)
+
+
+def test_a_new_image_replaces_every_container_and_what_runs_in_it(dep: eh.Deployment):
+    run = dep.up({"container": {"image": "quay.io/ascend/vllm-ascend:v0.20.3"}})
+    assert run.outcome.ok, run.failures()
+    ops = run.ops()
+    for n in dep.cluster.nodes:
+        assert ops.index((DELETE_REPLACED, f"{n}-launch")) < ops.index((DELETE_REPLACED, f"{n}-container"))
+        assert ops.index((DELETE_REPLACED, f"{n}-container")) < ops.index((REPLACE, f"{n}-container"))
+        assert ops.index((REPLACE, f"{n}-container")) < ops.index((REPLACE, f"{n}-launch"))
+    eh.converged(dep)
+
+
+def converge_bump(dep: eh.Deployment) -> dict:
+    return {"converge": dep.settings().get("converge", 0) + 1}
+
+
+def test_a_killed_rank_is_brought_back_with_its_group(dep: eh.Deployment):
+    """After a rank dies, `ascend-pd:converge` makes the next up run every service script again:
+    the idempotent scripts restart the dead rank's whole DP group and leave everything else alone."""
+    prefill, decode = prefill_pids(dep), decode_pids(dep)
+    dep.kill_rank("d2", "decode-0-r5")
+    run = dep.up(converge_bump(dep))
+    assert run.outcome.ok, run.failures()
+    assert not run.names(REPLACE) and not run.names(DELETE)
+    eh.converged(dep)
+    assert prefill_pids(dep) == prefill
+    assert not set(decode_pids(dep).values()) & set(decode.values())
+
+
+def test_a_rebooted_node_converges(dep: eh.Deployment):
+    prefill = prefill_pids(dep)
+    dep.reboot("p1")
+    run = dep.up(converge_bump(dep))
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+    after = prefill_pids(dep)
+    assert after["prefill-1-r0"] != prefill["prefill-1-r0"]
+    assert {k: v for k, v in after.items() if not k.startswith("prefill-1-")} == \
+        {k: v for k, v in prefill.items() if not k.startswith("prefill-1-")}
+
+
+def test_a_stopped_container_is_started_again_and_converges(dep: eh.Deployment):
+    """`docker stop` (or a reboot of a node whose container an operator had stopped): every script's
+    transport starts the container first, and the group of the node restarts as a whole."""
+    prefill = prefill_pids(dep)
+    dep.stop_container("d3")
+    run = dep.up(converge_bump(dep))
+    assert run.outcome.ok, run.failures()
+    # The first of d3's scripts to run found it stopped and started it.
+    assert any("is stopped: starting it" in out for i, out in run.output.items() if run.steps[i].name.startswith("d3-"))
+    eh.converged(dep)
+    assert prefill_pids(dep) == prefill
+
+
+def test_a_failed_launch_in_a_group_fails_the_group_and_the_next_up_converges(dep: eh.Deployment):
+    flags = {**dep.cluster.any_plan.cfg.decode.flags, "max-num-seqs": 20}
+    run = dep.up({"decode": {"flags": flags}}, env={"FAKE_VLLM_EXIT_AT_START": "2", "FAKE_VLLM_EXIT_RANKS": "5"})
+    assert not run.outcome.ok
+    failed = run.failures()
+    assert "exited before answering /health" in failed["d2-launch"]
+    # The other nodes of the group stop waiting for ranks that will never come: they fail fast.
+    for n in ("d0", "d1", "d3"):
+        assert "the launch on d2 failed" in failed[f"{n}-launch"], failed.get(f"{n}-launch")
+    assert run.seconds < dep.cluster.any_plan.cfg.vllm.ready_timeout_s
+    run = dep.up()  # the same settings, without the fault
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+
+
+def test_a_rotated_ssh_key_reruns_creates_without_restarting_anything(dep: eh.Deployment):
+    pids = eh.pids_of_ranks(dep)
+    run = dep.up({"sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nrotated\n-----END OPENSSH PRIVATE KEY-----\n"})
+    assert run.outcome.ok, run.failures()
+    commands = {r.name for r in dep.state if r.type == "command:remote:Command"}
+    assert run.names(UPDATE) == commands  # the connection is an input of every Command
+    assert not run.names(REPLACE)
+    eh.converged(dep)
+    assert eh.pids_of_ranks(dep) == pids
+    install = next(i for i, s in enumerate(run.steps) if s.name == "d0-install-yuanrong")
+    assert "already done" in run.output[install]
+
+
+def test_destroy_with_a_stopped_container_leaves_nothing(dep: eh.Deployment, workdir: Path):
+    dep.stop_container("d1")
+    run = dep.destroy()
+    assert run.outcome.ok, run.failures()
+    assert dep.state == []
+    assert eh.any_container_processes() == []
+    assert harness.our_processes(workdir) == []
