@@ -226,9 +226,14 @@ def test_a3_checks_vnics_and_hccs_ping(tmp_path_factory):
     try:
         c.nodes["p1"].set(vnic__9="")
         c.nodes["d0"].set(unreachable=vnic_ip(0, 7))  # d0 die 7 cannot reach p0 die 7 over HCCS
-        report = run_doctor(c.plan, c.targets(), timeout_s=60, only=["npu", "fabric", "ping"])
+        c.nodes["d1"].write("meminfo", meminfo(768, 700))  # enough for the stack, less than seed 003's 1 T
+        report = run_doctor(c.plan, c.targets(), timeout_s=60, only=["npu", "fabric", "ping", "memory"])
         got = failures(report)
         assert set(got) == {("p1", "fabric"), ("d0", "ping")}, table(report)
+        warned = {(n, k): r.detail for n, checks in report.rows.items() for k, r in checks.items() if r.status == "warn"}
+        assert warned == {("d1", "memory"): "MemTotal is 768 GiB, below the 960 GiB the a3 guide assumes "
+                                            "(700 GiB available, 500 GiB more needed)"}, table(report)
+        assert report.rows["p0"]["memory"].status == "pass"
         assert "NPU 9 has no vNIC address" in got["p1", "fabric"]
         assert got["d0", "ping"] == f"NPU 7 -> {vnic_ip(0, 7)} (hccs_ping) unreachable"
         assert "16 NPU chips healthy" in report.rows["p0"]["npu"].detail

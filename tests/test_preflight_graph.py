@@ -96,6 +96,11 @@ def test_minimum_versions_per_profile_and_overrides():
     assert pinned.min_driver == "26.0.0"
     text = preflight_script(build_plan(a3, "a3-4node"), "p0", mode="enforce")
     assert "\nmin_driver=25.5.0\n" in text and "\nhardware=a3\n" in text and "\nnpus=16\n" in text
+    # Host RAM the guides assume: seed 003's 1 T on A3 (as MemTotal reads it), none named for A2.
+    assert (a2.min_host_memory_gib, a3.min_host_memory_gib) == (0, 960)
+    assert f"\nmin_total_kib={960 * 1024 * 1024}\n" in text
+    none = a3.model_copy(update={"preflight": a3.preflight.model_copy(update={"min_host_memory_gib": 0})})
+    assert "\nmin_total_kib=0\n" in preflight_script(build_plan(none, "a3-4node"), "p0", mode="enforce")
 
 
 @pytest.mark.parametrize("stack", STACKS)

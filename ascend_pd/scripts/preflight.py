@@ -101,6 +101,7 @@ def _top(plan: Plan, node: str, mode: str, what: str) -> str:
         containers=" ".join(containers), model_path=cfg.model.path, image=cfg.container.image,
         registry=registry_of(cfg.container.image), urls=" ".join(needed), optional_urls=" ".join(optional),
         min_free_disk_kib=cfg.preflight.min_free_disk_gib * GIB_KIB,
+        min_total_kib=cfg.min_host_memory_gib * GIB_KIB,
     )
     env = {k: v for k, v in cfg.container.env.items() if k in PROXY_VARS}
     for k, v in env.items():  # the container's proxy, as the preparation steps will use it

@@ -17,6 +17,7 @@ registry=quay.io
 urls=https://gitcode.com/openeuler/yuanrong-datasystem/releases/download/v0.7.6.rc1/openyuanrong_datasystem-0.7.6rc1-cp311-cp311-manylinux_2_35_aarch64.whl
 optional_urls=https://github.com/etcd-io/etcd/releases/tag/v3.5.12
 min_free_disk_kib=52428800
+min_total_kib=0
 # Where the Ascend tools live when they are not on the SSH session's PATH.
 PATH="$PATH:/usr/local/Ascend/driver/tools:/usr/local/sbin:/usr/local/bin"
 export PATH
@@ -163,6 +164,10 @@ check_memory() {
   if [ "$need" -gt "$avail" ]; then
     emit memory fail "needs $((need / 1048576)) GiB more (huge pages $((hugepages_kib / 1048576)) GiB, $((reserved / 1048576)) GiB reserved; worker shared memory $((shm / 1048576)) GiB) but MemAvailable is $((avail / 1048576)) GiB" \
       "free memory on the node or lower ascend-pd:hugepages.gib / yuanrong.sharedMemoryMb" "$data"
+  elif [ "$total" -lt "$min_total_kib" ]; then
+    # What the stack needs fits, so this does not fail: the guides' figure is for their own models and pools.
+    emit memory warn "MemTotal is $((total / 1048576)) GiB, below the $((min_total_kib / 1048576)) GiB the $hardware guide assumes ($((avail / 1048576)) GiB available, $((need / 1048576)) GiB more needed)" \
+      "add RAM, or set ascend-pd:preflight.minHostMemoryGib to this node's size (0: no such warning) if the model fits" "$data"
   else
     emit memory pass "$((avail / 1048576)) GiB available of $((total / 1048576)) GiB; needs $((need / 1048576)) GiB more$note" "" "$data"
   fi
