@@ -59,6 +59,9 @@ DEFAULT_PER_DIAL_TIMEOUT_S = 15
 MIN_CANN = {"atlas-800i-a2": "8.5.0", "atlas-800-a3": "8.5.0"}
 MIN_DRIVER = {"atlas-800i-a2": "25.2.3", "atlas-800-a3": "25.5.0"}
 MIN_DRIVER_RH2D = "25.5.0"
+# Host RAM (MemTotal, GiB) the seed guides assume: seed 003 (A3) asks for 1 T; seed 000 (A2) names none.
+# MemTotal is physical RAM less what firmware and kernel keep: a 1 TiB server reads 1000-1010 GiB.
+MIN_HOST_MEMORY_GIB = {"atlas-800i-a2": 0, "atlas-800-a3": 960}
 # pulumi-docker pulls under a 20-minute default; a vLLM-Ascend image is 15-30 GB.
 DEFAULT_PULL_TIMEOUT_S = 2 * 3600
 
@@ -354,6 +357,13 @@ class Proxy(_Model):
                                                    "script.")
     flags: ProxyFlags = Field(default_factory=ProxyFlags, description=(
         "The proxy script's four tunable flags; everything else it takes is derived from the plan."))
+    keep_removed_out: bool = Field(True, description=(
+        "Run the release's proxy script, unedited, through `pd_proxy_launch.py`, which fixes two things a "
+        "rolling restart meets: an instance given to `/instances/remove` stays out until `/instances/add` (as "
+        "shipped, it gets its priority back whenever one of its earlier requests ends, so under steady load it "
+        "keeps receiving requests and some fail when it stops), and while a role has no instance in service "
+        "requests are refused at once with 503 and `Retry-After` (as shipped, they go to the stopping instance "
+        "and come back as empty 200s). `false`: the script runs exactly as shipped."))
     ready_timeout_s: Seconds(ge=10) = Field(300, description=(
         "Seconds to wait for the proxy's `/healthcheck` to count every prefill and decode instance."))
     smoke_timeout_s: Seconds(ge=10) = Field(600, description=(
@@ -403,6 +413,11 @@ class Preflight(_Model):
         "`yuanrong.rh2dDeviceIds`; A3 25.5.0)."))
     max_clock_skew_ms: int = Field(500, ge=1, le=3_600_000, description=(
         "Largest clock difference between two nodes, in ms, that `doctor` accepts; above half of it is a warning."))
+    min_host_memory_gib: Optional[int] = Field(None, ge=0, le=1024 * 1024, description=(
+        "Host RAM (`MemTotal`, GiB) below which the memory check warns: the size the guides were written for. "
+        "Unset: the profile's (A3 960, for seed 003's 1 T of RAM as `MemTotal` reads it; A2 none, seed 000 names "
+        "no figure); 0: no such warning. What the stack itself needs (huge pages, the worker's shared memory) "
+        "is checked against `MemAvailable` either way, and fails."))
     min_free_disk_gib: int = Field(50, ge=0, le=1024 * 1024, description=(
         "Free space in GiB the docker root (`/var/lib/docker`) must have: an image not yet on the node is 15-30 "
         "GB, the logs grow beside it."))
@@ -464,6 +479,12 @@ class StackConfig(_Model):
     @property
     def min_cann(self) -> str:
         return self.preflight.min_cann or MIN_CANN[self.hardware]
+
+    @property
+    def min_host_memory_gib(self) -> int:
+        if self.preflight.min_host_memory_gib is not None:
+            return self.preflight.min_host_memory_gib
+        return MIN_HOST_MEMORY_GIB[self.hardware]
 
     @property
     def min_driver(self) -> str:

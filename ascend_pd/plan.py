@@ -641,6 +641,11 @@ def _worker(cfg: StackConfig, node, etcd: EtcdPlan) -> WorkerPlan:
     return WorkerPlan(node=node.name, address=address, workdir=f"{cfg.state_dir}/{WORKER_SUBDIR}", argv=tuple(argv))
 
 
+# Written into the run dir by the proxy's script (ascend_pd/shell/pd_proxy_launch.py): runs the release's
+# proxy script unchanged, keeping removed instances out (ascend-pd:proxy.keepRemovedOut).
+PROXY_LAUNCHER = "pd_proxy_launch.py"
+
+
 def build_plan(cfg: StackConfig, stack: str) -> Plan:
     problems = _validate(cfg)
     if problems:
@@ -666,8 +671,9 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     pre = tuple((r.address, r.port) for i in instances if i.role == "prefill" for r in i.ranks)
     dec = tuple((r.address, r.port) for i in instances if i.role == "decode" for r in i.ranks)
     pa = nodes[cfg.proxy.node].address
+    launcher = (f"{cfg.state_dir.rstrip('/')}/run/{PROXY_LAUNCHER}",) if cfg.proxy.keep_removed_out else ()
     proxy_argv = (
-        cfg.proxy.python, cfg.proxy.script,
+        cfg.proxy.python, *launcher, cfg.proxy.script,
         "--host", pa,
         "--port", str(cfg.proxy.port),
         "--prefiller-hosts", *[h for h, _ in pre],

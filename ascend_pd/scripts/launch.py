@@ -28,10 +28,13 @@ ROLLOUT_KEY_PREFIX = "/ascend-pd/rollout"  # etcd prefix of each role's restart 
 ROLLOUT_MARGIN_S = 60  # a restart slot's lease outlives stop + drain + ready by this
 ONE_REQUEST_TIMEOUT_S = 60  # the one-token completion on a restarted rank
 READD_TIMEOUT_S = 60  # until the proxy lists a restarted instance again (it re-checks a parked one itself)
-# How often a restarting instance's removal from the proxy is re-asserted: the proxy resets it
-# whenever one of the instance's earlier requests is released, and sends it requests until then.
-# Each call costs the proxy an HTTP client per endpoint (tens of ms), so not more often.
+# How often a restarting instance's removal from the proxy is re-asserted. The release's script resets
+# it whenever one of the instance's earlier requests is released and sends it requests until then;
+# each call costs the proxy an HTTP client per endpoint (23 ms measured), so not more often.
 RETAINT_S = 0.25
+# Under ascend-pd:proxy.keepRemovedOut the removal holds by itself (shell/pd_proxy_launch.py): it is
+# re-asserted only in case the proxy restarted from its argv, which lists every instance.
+RETAINT_KEPT_S = 5.0
 DRAIN_QUIET_POLLS = 4  # idle polls in a row (0.5 s apart) before an instance counts as drained
 PROGRESS_EVERY_S = 60  # a progress line while waiting: long waits are visible, stdout stays small
 GROUP_KEY_PREFIX = "/ascend-pd/launch"  # etcd prefix of the launch states of multi-node groups
@@ -73,7 +76,8 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
     same_role = len(plan.instances_of(instance.role))
     slot_ttl = cfg.vllm.stop_timeout_s + ro.drain_timeout_s + cfg.vllm.ready_timeout_s + ROLLOUT_MARGIN_S
     rollout = params(
-        proxy_url=plan.proxy.url, proxy_type=instance.role, spares=same_role - 1, retaint_s=RETAINT_S,
+        proxy_url=plan.proxy.url, proxy_type=instance.role, spares=same_role - 1,
+        retaint_s=RETAINT_KEPT_S if cfg.proxy.keep_removed_out else RETAINT_S,
         drain_quiet_polls=DRAIN_QUIET_POLLS, drain_timeout_s=ro.drain_timeout_s,
         slots=ro.max_unavailable, slot_ttl_s=slot_ttl,
         # Every other instance of the role may go first, one slot-time each.

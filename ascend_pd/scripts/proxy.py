@@ -4,7 +4,7 @@ rank and a decode rank both served (shell/pd_smoke.py)."""
 
 from __future__ import annotations
 
-from ..plan import UNSET_ENV, Plan
+from ..plan import PROXY_LAUNCHER, UNSET_ENV, Plan
 from ..shell import (CURL, LOG_TAIL, PYTHON_DELIMITER, Script, background, fingerprint, header, heredoc, library,
                      managed_start, params, source_env_files, static_file)
 
@@ -17,11 +17,15 @@ def proxy(plan: Plan) -> Script:
     p, cfg = plan.proxy, plan.cfg
     pidfile, log = f"{plan.run_dir}/proxy.pid", f"{plan.log_dir}/proxy.log"
     start = background(p.argv, log, unset=UNSET_ENV, head=2)
+    launcher = static_file(PROXY_LAUNCHER) if cfg.proxy.keep_removed_out else ""
+    spec = fingerprint(start, launcher)
     top = header(plan.stack, p.node, f"PD proxy {p.url}", converge=cfg.converge) + params(
         node=p.node, run_dir=plan.run_dir, log_dir=plan.log_dir, pidfile=pidfile, log=log, url=p.url,
         py=cfg.proxy.python, model=cfg.model.served_name, n_prefill=len(p.prefillers), n_decode=len(p.decoders),
         ready_timeout_s=cfg.proxy.ready_timeout_s, smoke_timeout_s=cfg.proxy.smoke_timeout_s, log_tail=LOG_TAIL,
         ranks=p.backends_json)
+    # The launcher's text is part of the running proxy's identity: a new one restarts it.
+    write_launcher = (f'cat >"$run_dir/{PROXY_LAUNCHER}" {heredoc(PYTHON_DELIMITER, launcher)}' if launcher else "")
     create = top + source_env_files(cfg.container.env_files) + library("lib") + f"""
 proxy_check=$(cat {heredoc(PYTHON_DELIMITER, static_file("proxy_check.py"))})
 pd_smoke=$(cat {heredoc(PYTHON_DELIMITER, static_file("pd_smoke.py"))})
@@ -30,7 +34,7 @@ if ! command -v "$py" >/dev/null 2>&1; then
   exit 1
 fi
 mkdir -p "$run_dir" "$log_dir"
-{managed_start("proxy", plan.run_dir, log, start, STOP_GRACE_S)}# /healthcheck must report every planned instance.
+{write_launcher}{managed_start("proxy", plan.run_dir, log, start, STOP_GRACE_S, spec=spec)}# /healthcheck must report every planned instance.
 deadline=$((SECONDS + ready_timeout_s))
 until {CURL} -fsS -m 5 "$url/healthcheck" 2>/dev/null | "$py" -c "$proxy_check" healthcheck "$n_prefill" "$n_decode"; do
   if ! pid_of "$pidfile" >/dev/null; then fail_with_log "$log" "the proxy exited before /healthcheck answered"; fi
@@ -53,4 +57,4 @@ stop_pidfiles {STOP_GRACE_S} "$pidfile"
 echo "proxy stopped"
 """
     return Script("proxy", p.node, "container", create, delete, identity=(plan.state_dir,),
-                  processes=(("proxy", fingerprint(start)),))
+                  processes=(("proxy", spec),))

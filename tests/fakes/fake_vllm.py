@@ -824,10 +824,8 @@ class Handler(BaseHTTPRequestHandler):
                   and st.kv_role in ("kv_consumer", "kv_both"))
         st.running(+1)
         try:
-            if st.request_delay > 0:
-                time.sleep(st.request_delay)
-            if ENGINE is not None:
-                ENGINE.generate(max_tokens)
+            # A decode loads the prompt's KV from the prefill before it generates a token (the
+            # Mooncake connector's request waits for remote KVs first), so the pull comes first.
             if remote:
                 try:
                     if st.faulty("transfer-fail"):
@@ -839,6 +837,10 @@ class Handler(BaseHTTPRequestHandler):
                           f"{kv_in.get('remote_engine_id')!r} failed: {exc}", file=sys.stderr, flush=True)
                     raise BadRequest(f"Request failed: KV transfer from prefill failed: {exc}", 500,
                                      "InternalServerError") from None
+            if st.request_delay > 0:
+                time.sleep(st.request_delay)
+            if ENGINE is not None:
+                ENGINE.generate(max_tokens)
             st.account(text, prompt_tokens, max_tokens, remote)
         finally:
             st.running(-1)

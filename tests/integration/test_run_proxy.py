@@ -72,7 +72,11 @@ def test_release_proxy_serves_through_prefill_and_decode(stack: harness.Cluster)
     pid = c.pid(p.node, "proxy")
     assert harness.alive(pid)
     assert harness.cmdline(pid) == list(p.argv)
-    assert harness.cmdline(pid)[1] == str(proxy_release.for_stack("a3-4node"))
+    # The release's script, unedited, through the launcher that keeps removed instances out.
+    assert harness.cmdline(pid)[1:3] == [str(c.run_dir(p.node) / "pd_proxy_launch.py"),
+                                         str(proxy_release.for_stack("a3-4node"))]
+    assert "pd_proxy_launch: an instance given to /instances/remove stays out" in \
+        (c.log_dir(p.node) / "proxy.log").read_text()
     assert not {"http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"} & set(harness.environ(pid))
     health = requests.get(f"{p.url}/healthcheck", timeout=5).json()
     assert (health["prefill_instances"], health["decode_instances"]) == (2, 2)
@@ -226,7 +230,7 @@ def test_a2_release_proxy_serves_all_forty_ranks(a2: harness.Cluster):
     r = c.run(p.node, "proxy")
     assert f"proxy ready at {p.url} (8 prefill, 32 decode)" in r.stdout
     assert "smoke completion ok" in r.stdout
-    assert harness.cmdline(c.pid(p.node, "proxy"))[1] == str(proxy_release.for_stack("a2-8node"))
+    assert harness.cmdline(c.pid(p.node, "proxy"))[2] == str(proxy_release.for_stack("a2-8node"))
     # Every prefill rank's side channel is where the plan put it (kv_port + dp_rank * tp).
     for rank in c.any_plan.ranks_of("prefill"):
         log = (c.log_dir(rank.node) / f"{rank.name}.log").read_text()

@@ -13,7 +13,7 @@ local_pidfiles=(/workspace/ascend-pd/run/prefill-3-r0.pid /workspace/ascend-pd/r
 proxy_url=http://192.0.2.10:18020
 proxy_type=prefill
 spares=3
-retaint_s=0.25
+retaint_s=5.0
 drain_quiet_polls=4
 drain_timeout_s=300
 slots=1
@@ -163,8 +163,7 @@ out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the pr
   if [ "${1:-}" = serving ] && [ "$spares" = 0 ]; then targets=("${endpoints[@]}"); fi
   proxy_call remove "${targets[@]}" >/dev/null || { echo "$instance: the proxy at $proxy_url does not answer: not draining through it"; return 1; }
   if [ "$spares" -gt 0 ]; then
-    # The proxy resets the taint itself when one of the ranks' requests ends: re-assert it until
-    # into_proxy (or the script's end). Not faster: each call costs the proxy a client per endpoint.
+    # Re-asserted until into_proxy (or the script's end): see the top of this file.
     (while sleep "$retaint_s"; do proxy_call remove "${local_endpoints[@]}" >/dev/null || true; done) </dev/null >/dev/null 2>&1 &
     keeper_pid=$!
     trap keep_out_stop EXIT
@@ -175,16 +174,20 @@ out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the pr
   # The role's only instance: a taint leaves its ranks the proxy's only choice, so requests keep
   # coming; only a removal stops them, which the proxy makes once no request is in flight anywhere.
   # So the group's lead node asks for all of its ranks at once, every retaint_s, and every node
-  # waits until the proxy counts none of the role (a cheap /healthcheck; a removal call costs the
-  # proxy a client per rank).
+  # waits until the proxy counts none of the role (a cheap /healthcheck, every 0.25 s; a removal
+  # call costs the proxy a client per rank).
+  local asked=$SECONDS
   until role_gone; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       echo "$instance: the proxy still routes to it after ${drain_timeout_s}s (requests always in flight): restarting anyway;" >&2
       echo "  requests that reach the proxy while it restarts fail (an empty 200) or wait until it is back" >&2
       return 0
     fi
-    sleep "$retaint_s"
-    if [ "$lead" = 1 ]; then proxy_call remove "${endpoints[@]}" >/dev/null || true; fi
+    sleep 0.25
+    if [ "$lead" = 1 ] && ((SECONDS - asked >= ${retaint_s%.*})); then
+      proxy_call remove "${endpoints[@]}" >/dev/null || true
+      asked=$SECONDS
+    fi
   done
   echo "$instance: out of the proxy (the only instance of its role: requests are refused until it is back)"
 }
