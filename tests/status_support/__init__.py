@@ -24,7 +24,8 @@ import proxy_release
 from quiet_worker import QUIET_WORKER_FLAGS
 from ascend_pd.config import StackConfig
 from ascend_pd.loader import load_stack
-from ascend_pd.plan import Plan, Rank, build_plan
+from ascend_pd.plan import PROXY_LAUNCHER, Plan, Rank, build_plan
+from ascend_pd.shell import static_file
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKES = TESTS / "fakes"
@@ -249,7 +250,12 @@ def start_ranks(plan: Plan, procs: Procs, ranks: Optional[Iterable[Rank]] = None
 
 
 def start_proxy(plan: Plan, procs: Procs, **env: str) -> None:
-    """The release's proxy script with the plan's argv (and without http_proxy: httpx would obey it)."""
+    """The release's proxy script with the plan's argv (and without http_proxy: httpx would obey it);
+    the launcher that argv names is written where the proxy's own script writes it."""
+    if plan.cfg.proxy.keep_removed_out:
+        launcher = Path(plan.run_dir) / PROXY_LAUNCHER
+        launcher.parent.mkdir(parents=True, exist_ok=True)
+        launcher.write_text(static_file(PROXY_LAUNCHER))
     p = procs.start("proxy", list(plan.proxy.argv), clean_env(**env))
     try:
         wait_until(lambda: p.poll() is None and http_ok(f"{plan.proxy.url}/healthcheck"), PROXY_READY_S, "proxy")
