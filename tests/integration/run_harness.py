@@ -166,7 +166,9 @@ def local_config_map(stack: str, tmp: Path, node_dir: Path, **overrides) -> dict
         hugeTlb=False,  # no huge pages here; the huge-page script is tested on fake /proc files
         port=WORKER_PORT,
         livenessPath=str(node_dir / "liveness"),
-        startTimeoutS=60,
+        # A worker starts in seconds here, but on a loaded 2-core CI machine (the other half of the suite
+        # running the hostile-values sweep) one took 57 s to get its etcd keepalive through: room for that.
+        startTimeoutS=120,
         stopTimeoutS=20,
         # Short enough that a worker killed by a test is noticed by its peers within the suite.
         nodeTimeoutS=5,
