@@ -76,6 +76,24 @@ def test_proxy_lists_equal_the_seed(stack):
     assert plan.proxy.prefillers + plan.proxy.decoders == tuple((r.address, r.port) for r in plan.ranks)
 
 
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_proxy_runs_the_release_script_through_the_launcher_unless_turned_off(stack):
+    cfg = load_stack(stack)
+    plan = build_plan(cfg, stack)
+    assert plan.proxy.argv[:3] == (cfg.proxy.python, f"{plan.run_dir}/pd_proxy_launch.py", cfg.proxy.script)
+    script = node_scripts(plan, plan.proxy.node)
+    proxy = next(s for s in script if s.name == "proxy")
+    assert 'cat >"$run_dir/pd_proxy_launch.py" <<' in proxy.create  # written before it starts
+    shipped = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update={"keep_removed_out": False})})
+    plain = build_plan(shipped, stack)
+    assert plain.proxy.argv[:2] == (cfg.proxy.python, cfg.proxy.script)
+    assert plain.proxy.argv[2:] == plan.proxy.argv[3:]
+    plain_proxy = next(s for s in node_scripts(plain, plain.proxy.node) if s.name == "proxy")
+    assert "pd_proxy_launch" not in plain_proxy.create
+    # Switching it restarts the proxy: the running process's identity differs.
+    assert dict(plain_proxy.processes)["proxy"] != dict(proxy.processes)["proxy"]
+
 def _flags(argv: list[str]) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     i = 3  # vllm serve MODEL
