@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -38,6 +39,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_side_channels(n: int = 2) -> int:
+    """The first of n consecutive free ports below the ephemeral range (32768-60999 on Linux). A port
+    from bind(0) is ephemeral: its neighbours were never checked, and until the fake binds them any
+    outgoing connection of a test running beside it can take them (seen in CI: Address already in use)."""
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(20000, 32768 - n)
+        held = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports in 20000-32767")
 
 
 def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
@@ -349,7 +372,7 @@ def consumer(kv_port: int) -> str:
 
 def pd_pair(servers, **decode_env):
     """Prefill DP rank 1 of 2 (tp 2, kv_port K: side channels K+2, K+3) and one decode rank."""
-    kv_port = free_port()
+    kv_port = free_side_channels()
     p_port, _ = servers.vllm("--served-model-name", "m", "--tensor-parallel-size", "2", "--data-parallel-size", "2",
                              "--data-parallel-rank", "1", "--kv-transfer-config", producer(kv_port - 2),
                              env=base_env(ASCEND_RT_VISIBLE_DEVICES="2,3"))
@@ -423,7 +446,7 @@ def test_decode_pulls_the_announced_kv_and_fails_on_anything_else(servers):
 
 
 def test_taken_side_channel_port_fails_the_start():
-    kv_port = free_port()
+    kv_port = free_side_channels()
     holder = socket.socket()
     holder.bind(("127.0.0.1", kv_port + 1))
     holder.listen(1)
