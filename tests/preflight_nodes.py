@@ -10,7 +10,8 @@ says) where:
   files, and `/usr/local/ascend-pd-fake` bound to the node's own directory (scenario, weights);
 * `/etc` is an overlay adding `/etc/hccn.conf` (a symlink into that directory, so a test can
   delete or rewrite it);
-* `/proc/meminfo` is bound to a file of that directory;
+* `/proc/meminfo` and the kernel's ephemeral port range and reserved ports (`/proc/sys/net/ipv4/
+  ip_local_port_range`, `ip_local_reserved_ports`) are bound to files of that directory;
 * `/run` is a private tmpfs (sshd's privilege separation directory), so nothing outside changes.
 
 A test changes a node by rewriting its scenario file or its files (`FakeNode.set`, `.write`);
@@ -112,6 +113,8 @@ class FakeNode:
         self.write("version.info", "Version=25.5.0\nascendhal_version=7.35.23\n")
         self.write("ascend_toolkit_install.info", "package_name=Ascend-cann-toolkit\nversion=8.5.0\narch=aarch64\n")
         self.write("meminfo", meminfo(1536, 1200))
+        self.write("ip_local_port_range", "32768\t60999\n")  # Linux's default ephemeral range
+        self.write("ip_local_reserved_ports", "\n")
         weights = self.fake / "weights" / "model"
         if weights.exists():
             shutil.rmtree(weights)
@@ -194,6 +197,8 @@ class FakeCluster:
             f"mount --bind {node.fake} {FAKE_ROOT}\n"
             f"mount -t overlay overlay -o lowerdir=/etc,upperdir={r}/etc-up,workdir={r}/etc-work /etc\n"
             f"mount --bind {node.fake}/meminfo /proc/meminfo\n"
+            f"mount --bind {node.fake}/ip_local_port_range /proc/sys/net/ipv4/ip_local_port_range\n"
+            f"mount --bind {node.fake}/ip_local_reserved_ports /proc/sys/net/ipv4/ip_local_reserved_ports\n"
             "mount -t tmpfs tmpfs /run\nmkdir -p /run/sshd\n"
             f"exec {SSHD} -D -e -f {r}/sshd_config\n"
         )

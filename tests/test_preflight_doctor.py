@@ -227,12 +227,21 @@ def test_a3_checks_vnics_and_hccs_ping(tmp_path_factory):
         c.nodes["p1"].set(vnic__9="")
         c.nodes["d0"].set(unreachable=vnic_ip(0, 7))  # d0 die 7 cannot reach p0 die 7 over HCCS
         c.nodes["d1"].write("meminfo", meminfo(768, 700))  # enough for the stack, less than seed 003's 1 T
-        report = run_doctor(c.plan, c.targets(), timeout_s=60, only=["npu", "fabric", "ping", "memory"])
+        # a3's Mooncake side channels (36000+) are inside Linux's default ephemeral range: reserved on
+        # every node but p1 (p0 has some reserved already).
+        for name, reserved in (("p0", "36100-36107,50000\n"), ("d0", "36000-36299\n"), ("d1", "36216-36231\n")):
+            c.nodes[name].write("ip_local_reserved_ports", reserved)
+        report = run_doctor(c.plan, c.targets(), timeout_s=60, only=["npu", "fabric", "ping", "memory", "ports"])
         got = failures(report)
         assert set(got) == {("p1", "fabric"), ("d0", "ping")}, table(report)
-        warned = {(n, k): r.detail for n, checks in report.rows.items() for k, r in checks.items() if r.status == "warn"}
-        assert warned == {("d1", "memory"): "MemTotal is 768 GiB, below the 960 GiB the a3 guide assumes "
-                                            "(700 GiB available, 500 GiB more needed)"}, table(report)
+        warned = {(n, k): r for n, checks in report.rows.items() for k, r in checks.items() if r.status == "warn"}
+        assert set(warned) == {("d1", "memory"), ("p0", "ports"), ("p1", "ports")}, table(report)
+        assert warned["d1", "memory"].detail == ("MemTotal is 768 GiB, below the 960 GiB the a3 guide assumes "
+                                                 "(700 GiB available, 500 GiB more needed)")
+        assert warned["p0", "ports"].detail.startswith("ports 36108-36115 are inside the kernel's ephemeral range "
+                                                       "32768-60999 and not reserved")
+        assert "net.ipv4.ip_local_reserved_ports=36100-36107,50000,36108-36115" in warned["p0", "ports"].fix
+        assert warned["p1", "ports"].detail.startswith("ports 36116-36131 are inside")
         assert report.rows["p0"]["memory"].status == "pass"
         assert "NPU 9 has no vNIC address" in got["p1", "fabric"]
         assert got["d0", "ping"] == f"NPU 7 -> {vnic_ip(0, 7)} (hccs_ping) unreachable"

@@ -266,8 +266,26 @@ check_ports() {
     if [ -n "$pid" ] && ours "$pid"; then mine=$((mine + 1)); continue; fi
     taken="${taken}$port ($owner) by ${pname:-?} pid ${pid:-?}; "
   done
+  # A port inside the kernel's ephemeral range can be taken by any outgoing connection before its
+  # rank binds it (the rank then fails with Address already in use): a3's Mooncake side channels
+  # (36000+, above AscendDirect's 20000-35999) are inside Linux's default 32768-60999.
+  local lo=1 hi=0 reserved exposed
+  read -r lo hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  reserved=$(cat /proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null || true)
+  exposed=$(for entry in $ports; do echo "${entry%%/*}"; done | sort -n | awk -v lo="$lo" -v hi="$hi" -v r="$reserved" '
+    function rng() { return first == end ? first : first "-" end }
+    BEGIN { n = split(r, parts, ","); for (i = 1; i <= n; i++) { m = split(parts[i], b, "-"); rlo[i] = b[1] + 0; rhi[i] = (m > 1 ? b[2] : b[1]) + 0 } }
+    { p = $1 + 0; if (p < lo || p > hi) next
+      for (i = 1; i <= n; i++) if (p >= rlo[i] && p <= rhi[i]) next
+      if (have && p == end + 1) { end = p; next }
+      if (have) { out = out sep rng(); sep = "," }
+      first = p; end = p; have = 1 }
+    END { if (have) out = out sep rng(); print out }')
   if [ -n "$taken" ]; then
     emit ports fail "taken: ${taken%; }" "stop what holds them, or move the stack's ports (the setting named in parentheses)" "{}"
+  elif [ -n "$exposed" ]; then
+    emit ports warn "ports $exposed are inside the kernel's ephemeral range $lo-$hi and not reserved: an outgoing connection can take one before its rank binds it" \
+      "sysctl -w net.ipv4.ip_local_reserved_ports=${reserved:+$reserved,}$exposed, and persist it in /etc/sysctl.d" "{}"
   else
     local ourn=""
     if [ "$mine" -gt 0 ]; then ourn=" ($mine held by this stack)"; fi
