@@ -255,7 +255,7 @@ class Plan:
 
     @property
     def run_dir(self) -> str:
-        return f"{self.state_dir}/run"
+        return run_dir_of(self.cfg)
 
     @property
     def log_dir(self) -> str:
@@ -641,6 +641,11 @@ def _worker(cfg: StackConfig, node, etcd: EtcdPlan) -> WorkerPlan:
     return WorkerPlan(node=node.name, address=address, workdir=f"{cfg.state_dir}/{WORKER_SUBDIR}", argv=tuple(argv))
 
 
+def run_dir_of(cfg: StackConfig) -> str:
+    """Where pid files and the proxy's launcher live on every node (Plan.run_dir)."""
+    return f"{cfg.state_dir.rstrip('/')}/run"
+
+
 # Written into the run dir by the proxy's script (ascend_pd/shell/pd_proxy_launch.py): runs the release's
 # proxy script unchanged, keeping removed instances out (ascend-pd:proxy.keepRemovedOut).
 PROXY_LAUNCHER = "pd_proxy_launch.py"
@@ -671,7 +676,7 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     pre = tuple((r.address, r.port) for i in instances if i.role == "prefill" for r in i.ranks)
     dec = tuple((r.address, r.port) for i in instances if i.role == "decode" for r in i.ranks)
     pa = nodes[cfg.proxy.node].address
-    launcher = (f"{cfg.state_dir.rstrip('/')}/run/{PROXY_LAUNCHER}",) if cfg.proxy.keep_removed_out else ()
+    launcher = (f"{run_dir_of(cfg)}/{PROXY_LAUNCHER}",) if cfg.proxy.keep_removed_out else ()
     proxy_argv = (
         cfg.proxy.python, *launcher, cfg.proxy.script,
         "--host", pa,

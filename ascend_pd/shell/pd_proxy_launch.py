@@ -18,8 +18,8 @@ still sends each request to it, for it is the only choice left, and only drops i
 a moment when no request is in flight anywhere: under steady load there is none, and the requests
 it sends to the stopped ranks come back as an empty 200. The second fix refuses a request at once
 with 503 and Retry-After while a role has no instance in service, before any prefill work is
-done (and not counted in flight); the requests in flight finish, the proxy goes idle and drops the instance, and the client
-knows to come back. Once `/instances/add` lists an instance again, requests flow.
+done (and not counted in flight); the requests in flight finish, the proxy goes idle and drops
+the instance, and the client knows to come back. Once `/instances/add` lists an instance again, requests flow.
 
 The patch goes in when the script calls `uvicorn.run`, after it has defined its classes: while
 runpy runs a file as `__main__`, `sys.modules["__main__"]` is the namespace it executes in.
@@ -32,15 +32,15 @@ import sys
 import uvicorn
 from fastapi import HTTPException
 
-ROLES = (  # (method, tainted, heap) of ProxyState, per role
-    ("_update_prefiller_priority", "tainted_prefillers", "prefiller_heap"),
-    ("_update_decoder_priority", "tainted_decoders", "decoder_heap"),
+ROLES = (  # (role, priority update, servers, tainted, heap) of ProxyState
+    ("prefill", "_update_prefiller_priority", "prefillers", "tainted_prefillers", "prefiller_heap"),
+    ("decode", "_update_decoder_priority", "decoders", "tainted_decoders", "decoder_heap"),
 )
 
 
 def keep_taints(namespace: dict) -> None:
     state_cls, taint = namespace["ProxyState"], namespace["TAINT_PRIORITY"]
-    for method, tainted, heap in ROLES:
+    for _, method, _, tainted, heap in ROLES:
         original = getattr(state_cls, method)
 
         def update(self, server_idx, _original=original, _tainted=tainted, _heap=heap):
@@ -56,7 +56,6 @@ def keep_taints(namespace: dict) -> None:
 
 
 RETRY_AFTER_S = "5"
-ROLE_LISTS = (("prefill", "prefillers", "tainted_prefillers"), ("decode", "decoders", "tainted_decoders"))
 
 
 def refuse_when_out(script_globals: dict) -> None:
@@ -66,7 +65,7 @@ def refuse_when_out(script_globals: dict) -> None:
 
     async def completions(api, request):
         state = script_globals["proxy_state"]
-        for role, servers, tainted in ROLE_LISTS:
+        for role, _, servers, tainted, _ in ROLES:
             out = getattr(state, tainted)
             if all(s in out for s in getattr(state, servers)):  # also when the list is empty
                 raise HTTPException(503, f"no {role} instance in service (restarting): retry later",
@@ -87,7 +86,7 @@ def main() -> None:
     def run(*args, **kwargs):
         namespace = sys.modules["__main__"].__dict__
         missing = [n for n in NEEDED if n not in namespace] + [
-            m for m, *_ in ROLES if not hasattr(namespace.get("ProxyState"), m)]
+            m for _, m, *_ in ROLES if not hasattr(namespace.get("ProxyState"), m)]
         if missing:  # another release: refuse rather than run a proxy whose drain is not what the README says
             sys.exit(f"pd_proxy_launch.py: {sys.argv[0]} has no {', '.join(missing)}: this release cannot keep a "
                      "removed instance out; set ascend-pd:proxy.keepRemovedOut to false to run it as shipped")

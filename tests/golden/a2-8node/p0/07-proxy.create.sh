@@ -347,8 +347,8 @@ still sends each request to it, for it is the only choice left, and only drops i
 a moment when no request is in flight anywhere: under steady load there is none, and the requests
 it sends to the stopped ranks come back as an empty 200. The second fix refuses a request at once
 with 503 and Retry-After while a role has no instance in service, before any prefill work is
-done (and not counted in flight); the requests in flight finish, the proxy goes idle and drops the instance, and the client
-knows to come back. Once `/instances/add` lists an instance again, requests flow.
+done (and not counted in flight); the requests in flight finish, the proxy goes idle and drops
+the instance, and the client knows to come back. Once `/instances/add` lists an instance again, requests flow.
 
 The patch goes in when the script calls `uvicorn.run`, after it has defined its classes: while
 runpy runs a file as `__main__`, `sys.modules["__main__"]` is the namespace it executes in.
@@ -361,15 +361,15 @@ import sys
 import uvicorn
 from fastapi import HTTPException
 
-ROLES = (  # (method, tainted, heap) of ProxyState, per role
-    ("_update_prefiller_priority", "tainted_prefillers", "prefiller_heap"),
-    ("_update_decoder_priority", "tainted_decoders", "decoder_heap"),
+ROLES = (  # (role, priority update, servers, tainted, heap) of ProxyState
+    ("prefill", "_update_prefiller_priority", "prefillers", "tainted_prefillers", "prefiller_heap"),
+    ("decode", "_update_decoder_priority", "decoders", "tainted_decoders", "decoder_heap"),
 )
 
 
 def keep_taints(namespace: dict) -> None:
     state_cls, taint = namespace["ProxyState"], namespace["TAINT_PRIORITY"]
-    for method, tainted, heap in ROLES:
+    for _, method, _, tainted, heap in ROLES:
         original = getattr(state_cls, method)
 
         def update(self, server_idx, _original=original, _tainted=tainted, _heap=heap):
@@ -385,7 +385,6 @@ def keep_taints(namespace: dict) -> None:
 
 
 RETRY_AFTER_S = "5"
-ROLE_LISTS = (("prefill", "prefillers", "tainted_prefillers"), ("decode", "decoders", "tainted_decoders"))
 
 
 def refuse_when_out(script_globals: dict) -> None:
@@ -395,7 +394,7 @@ def refuse_when_out(script_globals: dict) -> None:
 
     async def completions(api, request):
         state = script_globals["proxy_state"]
-        for role, servers, tainted in ROLE_LISTS:
+        for role, _, servers, tainted, _ in ROLES:
             out = getattr(state, tainted)
             if all(s in out for s in getattr(state, servers)):  # also when the list is empty
                 raise HTTPException(503, f"no {role} instance in service (restarting): retry later",
@@ -416,7 +415,7 @@ def main() -> None:
     def run(*args, **kwargs):
         namespace = sys.modules["__main__"].__dict__
         missing = [n for n in NEEDED if n not in namespace] + [
-            m for m, *_ in ROLES if not hasattr(namespace.get("ProxyState"), m)]
+            m for _, m, *_ in ROLES if not hasattr(namespace.get("ProxyState"), m)]
         if missing:  # another release: refuse rather than run a proxy whose drain is not what the README says
             sys.exit(f"pd_proxy_launch.py: {sys.argv[0]} has no {', '.join(missing)}: this release cannot keep a "
                      "removed instance out; set ascend-pd:proxy.keepRemovedOut to false to run it as shipped")
@@ -434,7 +433,7 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 ASCEND_PD_PY
-if needs_start /workspace/ascend-pd/run/proxy.pid 7daed73e3251fa7e 30; then
+if needs_start /workspace/ascend-pd/run/proxy.pid 29b77d97fdf87a22 30; then
   rotate_log /workspace/ascend-pd/logs/proxy.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -524,7 +523,7 @@ if needs_start /workspace/ascend-pd/run/proxy.pid 7daed73e3251fa7e 30; then
       7107 \
       --waiting-retry-interval 1.0 \
       > /workspace/ascend-pd/logs/proxy.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/proxy.pid 7daed73e3251fa7e $!
+  started /workspace/ascend-pd/run/proxy.pid 29b77d97fdf87a22 $!
 fi
 # /healthcheck must report every planned instance.
 deadline=$((SECONDS + ready_timeout_s))
