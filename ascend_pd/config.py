@@ -239,6 +239,11 @@ class Role(_Model):
         "vLLM flags of this role only, over `vllm.flags` (same syntax); `null` drops a common flag."))
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description=(
         "Environment of this role's ranks, over `vllm.env` (same syntax)."))
+    image: Optional[ImageRef] = Field(None, description=(
+        "Image of the containers of this role's nodes, over `container.image`; unset: `container.image`. "
+        "Changing it replaces only those containers, one instance at a time (`rollout.maxUnavailable`), each "
+        "drained out of the proxy first, so a role with a spare instance keeps serving; put etcd and the proxy "
+        "on a node of the other role, or that node's replacement stops them too (README)."))
 
 
 class Yuanrong(_Model):

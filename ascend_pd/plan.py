@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from .config import DEFAULT_MOUNTS, Role, StackConfig, docker_size_mib, step_name
 from .errors import ConfigError, Problem, setting
@@ -94,6 +94,7 @@ class NodePlan:
     nic: str
     npus: int
     roles: tuple[str, ...]  # subset of prefill, decode, etcd, proxy
+    image: str  # of its NPU container: its role's `image`, else container.image
     former_names: tuple[str, ...] = ()  # earlier names: resources keep their identity (aliases)
 
     def names_of(self, suffix: str) -> tuple[str, ...]:
@@ -651,6 +652,12 @@ def run_dir_of(cfg: StackConfig) -> str:
 PROXY_LAUNCHER = "pd_proxy_launch.py"
 
 
+def node_image(cfg: StackConfig, roles: Sequence[str]) -> str:
+    """The image of a node's NPU container: that of the role it serves (a node serves at most one),
+    else container.image (a node with only etcd or the proxy)."""
+    return next((getattr(cfg, r).image for r in ROLES if r in roles and getattr(cfg, r).image), cfg.container.image)
+
+
 def build_plan(cfg: StackConfig, stack: str) -> Plan:
     problems = _validate(cfg)
     if problems:
@@ -698,7 +705,7 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     roles[cfg.proxy.node].append("proxy")
     node_plans = tuple(
         NodePlan(name=n.name, address=n.address, nic=n.nic, npus=cfg.npus, roles=tuple(roles[n.name]),
-                 former_names=tuple(n.former_names))
+                 image=node_image(cfg, roles[n.name]), former_names=tuple(n.former_names))
         for n in cfg.nodes
     )
     workers = tuple(_worker(cfg, n, etcd) for n in cfg.nodes)

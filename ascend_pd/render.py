@@ -36,10 +36,21 @@ def summary_blocks(plan: Plan) -> list[Block]:
         f"etcd    {plan.etcd.client_url}  on {plan.etcd.node}"
         + (f" (container {plan.etcd.container_name}, image {plan.etcd.image})" if plan.etcd.image else ""),
         "workers " + " ".join(w.address for w in plan.workers),
+        *_images(plan),
         "",
         f"deploy  pulumi up --stack {plan.stack} --parallel {plan.up_parallelism}"
         "   (every node's pull and launch at once; a DP group's nodes must launch together)",
     ]
+
+
+def _images(plan: Plan) -> list[str]:
+    """Which nodes run which image, when a role has its own (prefill.image, decode.image)."""
+    by_image: dict[str, list[str]] = {}
+    for n in plan.nodes:
+        by_image.setdefault(n.image, []).append(n.name)
+    if len(by_image) < 2 and plan.cfg.container.image in by_image:
+        return []
+    return [f"image   {image}  on {' '.join(nodes)}" for image, nodes in by_image.items()]
 
 
 def summary(plan: Plan) -> str:

@@ -77,7 +77,7 @@ class NpuContainer(pulumi.ComponentResource):
         on_node = pulumi.ResourceOptions(parent=self, provider=self.provider)
         self.image = docker.RemoteImage(
             f"{node.name}-image",
-            name=container.image,
+            name=node.image,  # its role's image (prefill.image, decode.image) or container.image
             keep_locally=True,  # destroy must not delete a 20 GB image other containers may use
             opts=pulumi.ResourceOptions.merge(on_node, pulumi.ResourceOptions(
                 custom_timeouts=pulumi.CustomTimeouts(create=f"{container.pull_timeout_s}s",

@@ -7,7 +7,9 @@ The rules are the scripts' own:
   changed (`Script.processes`); a launch does it rolling: at most `rollout.maxUnavailable`
   instances of a role at once, each drained out of the proxy first;
 * a replacement runs the old delete (every process of the old script stops) before the new create
-  starts them again: no rolling, so every instance it touches is down at once;
+  starts them again: no rolling, so every instance it touches is down at once; except a launch's
+  (its container replaced: a new image) while the proxy and etcd serve on: its delete drains the
+  instance through the same slots, and the new launch gives the slot back once it serves again;
 * a delete of the final phase stops the old processes after everything else;
 * a worker re-run while etcd restarts (on an empty data dir) finds itself unregistered and restarts.
 """
@@ -172,6 +174,16 @@ def _worker_follows_etcd(processes: list[Process], steps: Sequence[Step], new: M
     return processes + extra
 
 
+def _drained_replacements(processes: list[Process]) -> list[Process]:
+    """Ranks a launch's replacement restarts go through the restart slots (the old delete drains
+    them) as long as the proxy that lists them and etcd that holds the slots serve throughout."""
+    if any(p.name in ("proxy", "etcd") and p.action in (RESTART, STOP) for p in processes):
+        return processes
+    return [Process(p.node, p.name, p.action, ROLLING, p.resource)
+            if p.kind == "rank" and p.how == REPLACED and p.action == RESTART and p.resource.endswith("-launch") else p
+            for p in processes]
+
+
 def _role(role: str, old: Optional[Plan], new: Plan, processes: Sequence[Process], steps: Sequence[Step],
           timing: Timing) -> RoleEffect:
     moved = {p.node for p in processes if p.kind == "rank" and p.name.startswith(role + "-")}
@@ -224,7 +236,7 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
     old = scripts_by_resource(old_plan, old_graph)
     new = scripts_by_resource(new_plan, new_graph)
     etcd_container = tuple(f"{p.etcd.node}-etcd-container" for p in (old_plan, new_plan) if p is not None)
-    processes = _worker_follows_etcd(_events(steps, old, new, etcd_container), steps, new)
+    processes = _drained_replacements(_worker_follows_etcd(_events(steps, old, new, etcd_container), steps, new))
     moved = {(p.node, p.name) for p in processes}
 
     def seconds(step: Step) -> float:

@@ -26,6 +26,10 @@ from ..shell import (CURL, LOG_TAIL, Script, background, fingerprint, header, li
 POLL_S = 5
 ROLLOUT_KEY_PREFIX = "/ascend-pd/rollout"  # etcd prefix of each role's restart slots
 ROLLOUT_MARGIN_S = 60  # a restart slot's lease outlives stop + drain + ready by this
+# A slot taken by the delete in a replaced container is held through the container's replacement
+# too: the container's delete and create and its preparation steps (pip installs, patches), for
+# which there is no deadline of ours; this is the allowance (the worker's start has its own bound).
+REPLACEMENT_ALLOWANCE_S = 1800
 ONE_REQUEST_TIMEOUT_S = 60  # the one-token completion on a restarted rank
 READD_TIMEOUT_S = 60  # until the proxy lists a restarted instance again (it re-checks a parked one itself)
 # How often a restarting instance's removal from the proxy is re-asserted. The release's script resets
@@ -74,7 +78,9 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
         current.append(f"running_with {q(f'{plan.run_dir}/{r.name}.pid')} {spec} || changed=1")
     ro = cfg.rollout
     same_role = len(plan.instances_of(instance.role))
-    slot_ttl = cfg.vllm.stop_timeout_s + ro.drain_timeout_s + cfg.vllm.ready_timeout_s + ROLLOUT_MARGIN_S
+    y = cfg.yuanrong
+    slot_ttl = (cfg.vllm.stop_timeout_s + ro.drain_timeout_s + cfg.vllm.ready_timeout_s + ROLLOUT_MARGIN_S
+                + REPLACEMENT_ALLOWANCE_S + y.stop_timeout_s + y.start_timeout_s * y.start_attempts)
     rollout = params(
         proxy_url=plan.proxy.url, proxy_type=instance.role, spares=same_role - 1,
         retaint_s=RETAINT_KEPT_S if cfg.proxy.keep_removed_out else RETAINT_S,
@@ -84,19 +90,23 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
         slot_timeout_s=min(BASH_SECONDS_MAX, slot_ttl * max(1, -(-(same_role - 1) // ro.max_unavailable))),
         slot_prefix=f"{ROLLOUT_KEY_PREFIX}/{plan.stack}/{instance.role}/",
         readd_timeout_s=READD_TIMEOUT_S,
-        one_request=json.dumps({"model": cfg.model.served_name, "prompt": "ping", "max_tokens": 1}),
-        first_rank=f"http://{ranks[0].address}:{ranks[0].port}",
-        **({} if multi_node else {"etcd_url": plan.etcd.client_url}),
         lead=int(node == instance.nodes[0]),
-    ) + (f"endpoints=({' '.join(q(f'{r.address}:{r.port}') for r in instance.ranks)})\n"
+    )
+    check = params(one_request=json.dumps({"model": cfg.model.served_name, "prompt": "ping", "max_tokens": 1}),
+                   first_rank=f"http://{ranks[0].address}:{ranks[0].port}")
+    endpoint_arrays = (f"endpoints=({' '.join(q(f'{r.address}:{r.port}') for r in instance.ranks)})\n"
          f"local_endpoints=({' '.join(q(f'{r.address}:{r.port}') for r in ranks)})\n"
          f"metrics_urls=({' '.join(q(f'http://{r.address}:{r.port}/metrics') for r in instance.ranks)})\n")
     group_urls = " ".join(q(f"http://{r.address}:{r.port}/health") for r in instance.ranks)
     checks = "\n  ".join(f"check_rank {q(r.name)} {q(f'http://{r.address}:{r.port}/health')} && healthy=$((healthy + 1))"
                          for r in ranks)
-    create = top + rollout + source_env_files(cfg.container.env_files) \
+    create = top + rollout + check + ("" if multi_node else params(etcd_url=plan.etcd.client_url)) + endpoint_arrays \
+        + source_env_files(cfg.container.env_files) \
         + library("lib", "rollout_lib", *(["group_lib"] if multi_node else [])) + f"""
 mkdir -p "$run_dir" "$log_dir"
+# A slot this instance holds from the delete in its old container, given back once it serves again.
+slot_key=""
+slot_held
 # Ranks on this node that the plan no longer has, from any instance: they hold ports and NPUs.
 unplanned=()
 for pidfile in "$run_dir"/prefill-*-r*.pid "$run_dir"/decode-*-r*.pid; do
@@ -123,7 +133,7 @@ if [ "$running" = 1 ] && ! group_healthy; then
 elif [ "$running" = 1 ] && [ "$changed" = 1 ]; then
   # A serving instance restarts: one slot of its role, out of the proxy, drained, then stopped.
   echo "$instance: its ranks' commands changed: restarting its ranks on $node"
-  slot_acquire
+  slot_acquire restart
   if out_of_proxy serving; then rollout=1; drain; fi
   stop_pidfiles "$grace" "${{local_pidfiles[@]}}"
 elif [ "$running" = 0 ] && out_of_proxy; then
@@ -135,7 +145,9 @@ fail() {{  # fail MESSAGE: stop this node's ranks, tell the group, exit 1
   echo "$instance on $node: $1" >&2
   {'group_put failed "$1"' if multi_node else ':'}
   stop_pidfiles "$grace" "${{local_pidfiles[@]}}"
-  slot_release  # the instance stays out of the proxy: it does not serve
+  # A serving instance that does not come back keeps its slot, and the role's other restarts
+  # waiting for one stop: the instance stays out of the proxy (it does not serve) until it runs again.
+  if [ -n "$slot_key" ]; then rollout_failed_mark; fi
   exit 1
 }}
 check_rank() {{  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails the launch
@@ -175,10 +187,26 @@ if [ "$rollout" = 1 ]; then
     fail "not taken back by the proxy: left out of it (the next pulumi up, or heal, starts it again)"
   fi
 fi
+rollout_served
 slot_release
 """
     delete = header(plan.stack, node, "vLLM ranks (stop)") + params(
-        node=node, run_dir=plan.run_dir, grace=cfg.vllm.stop_timeout_s, log_tail=LOG_TAIL) + library("lib") + """
+        node=node, instance=instance.name, run_dir=plan.run_dir, grace=cfg.vllm.stop_timeout_s, log_tail=LOG_TAIL,
+        etcd_url=plan.etcd.client_url,
+    ) + f"local_pidfiles=({' '.join(q(p) for p in pidfiles)})\n" + rollout + endpoint_arrays \
+        + library("lib", "rollout_lib") + """
+# Ranks that serve while the proxy still lists them: this delete is the first half of a replacement
+# (a new image or container for this node) in a cluster that serves on. A destroy deletes the proxy
+# first, a removed node is out of the proxy's argv by now: they just stop. Drained as a restart is,
+# holding one of the role's restart slots until the new container's launch has the instance back.
+slot_key=""
+running=0
+for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
+if [ "$running" = 1 ] && proxy_lists "${local_endpoints[@]}"; then
+  echo "$instance: stopping on $node while it serves (its container is replaced): draining it first"
+  slot_acquire delete
+  if out_of_proxy serving; then drain; fi
+fi
 # Every rank this node runs, whatever instance an older plan gave it.
 stop_pidfiles "$grace" "$run_dir"/prefill-*-r*.pid "$run_dir"/decode-*-r*.pid
 echo "ranks on $node stopped"

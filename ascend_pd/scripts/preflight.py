@@ -98,8 +98,8 @@ def _top(plan: Plan, node: str, mode: str, what: str) -> str:
         hardware="a2" if cfg.hardware == "atlas-800i-a2" else "a3",
         min_cann=cfg.min_cann, min_driver=cfg.min_driver, hugepages_kib=hp, shm_kib=shm,
         ports=" ".join(f"{p}/{owner}" for p, owner in node_ports(plan, node)),
-        containers=" ".join(containers), model_path=cfg.model.path, image=cfg.container.image,
-        registry=registry_of(cfg.container.image), urls=" ".join(needed), optional_urls=" ".join(optional),
+        containers=" ".join(containers), model_path=cfg.model.path, image=plan.node(node).image,
+        registry=registry_of(plan.node(node).image), urls=" ".join(needed), optional_urls=" ".join(optional),
         min_free_disk_kib=cfg.preflight.min_free_disk_gib * GIB_KIB,
         min_total_kib=cfg.min_host_memory_gib * GIB_KIB,
     )

@@ -10,6 +10,14 @@
 # until the instance is put back, and idleness is judged from the instance's own ranks
 # (vllm:num_requests_running + vllm:num_requests_waiting on each), not from the proxy's global count.
 #
+# A launch's delete drains the same way when the proxy still lists the instance: the delete is then
+# the first half of a replacement (a new image or container for its node) while the cluster serves.
+# It keeps its restart slot until the new container's launch has the instance back in the proxy,
+# so a role's containers are replaced one instance at a time. A restart that fails keeps its slot
+# and marks the role's rollout failed (`<slot_prefix>failed`): the instances waiting for a slot stop
+# there and keep serving, instead of going down one after another into the same failure. The next
+# launch of the failed instance clears the mark and, once it serves, gives the slot back.
+#
 # Parameters (set by the script before this library): proxy_url, proxy_type (prefill/decode),
 # the arrays local_endpoints (this node's ranks as host:port), endpoints (every rank of the
 # instance) and metrics_urls (their /metrics), lead (1 on the instance's first node),
@@ -67,8 +75,10 @@ out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the pr
   echo "$instance: out of the proxy (the only instance of its role: requests are refused until it is back)"
 }
 
-role_gone() {  # 0 once the proxy's /healthcheck counts no instance of this role
-  curl --noproxy '*' -fsS -m 5 "$proxy_url/healthcheck" 2>/dev/null | grep -q "\"${proxy_type}_instances\": *0[,}]"
+role_gone() {  # 0 once the proxy's /healthcheck counts no instance of this role, or the proxy is gone
+  local answer
+  answer=$(curl --noproxy '*' -fsS -m 5 "$proxy_url/healthcheck" 2>/dev/null) || return 0  # routes nothing
+  printf '%s' "$answer" | grep -q "\"${proxy_type}_instances\": *0[,}]"
 }
 
 keep_out_stop() {  # stop re-asserting the removal
@@ -137,11 +147,74 @@ etcd_post() {  # etcd_post PATH JSON: etcd's JSON gateway; the answer on stdout
   curl --noproxy '*' -fsS -m 5 -X POST "$etcd_url$1" -d "$2" 2>/dev/null
 }
 
-slot_acquire() {  # hold one of the role's restart slots (shared by the nodes of this instance)
-  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said=""
+etcd_value() {  # etcd_value KEY: the key's value on stdout; 1 when it is not set (or etcd does not answer)
+  local v
+  v=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$1")\"}" | grep -o '"value":"[^"]*"' | cut -d'"' -f4) || return 1
+  [ -n "$v" ] && printf '%s' "$v" | base64 -d 2>/dev/null
+}
+
+etcd_revision() {  # etcd's current revision (every write raises it)
+  etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" | grep -o '"revision":"[0-9]*"' | head -1 | cut -d'"' -f4
+}
+
+rollout_failed() {  # rollout_failed REVISION: the other instance whose restart failed since then, on stdout; 1 if none
+  local answer rev who
+  answer=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}") || return 1
+  rev=$(printf '%s' "$answer" | grep -o '"mod_revision":"[0-9]*"' | cut -d'"' -f4) || return 1
+  who=$(printf '%s' "$answer" | grep -o '"value":"[^"]*"' | cut -d'"' -f4 | base64 -d 2>/dev/null) || return 1
+  [ -n "$who" ] && [ "$who" != "$instance" ] && [ "${rev:-0}" -gt "$1" ] && printf '%s' "$who"
+}
+
+rollout_failed_mark() {  # this instance's restart failed: the role's waiting restarts stop (for slot_ttl_s at most)
+  local lease
+  lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || return 0
+  etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
+}
+
+rollout_served() {  # this instance serves again: its own failure mark no longer holds the role back
+  if [ "$(etcd_value "${slot_prefix}failed" 2>/dev/null)" = "$instance" ]; then
+    etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" >/dev/null || true
+    echo "$instance: serves again after its failed restart: the other instances of its role may restart"
+  fi
+  return 0
+}
+
+slot_held() {  # find the slot this instance holds (taken by the delete of its old container): slot_key
+  local k
+  for ((k = 0; k < slots; k++)); do
+    if [ "$(etcd_value "$slot_prefix$k" 2>/dev/null)" = "$instance" ]; then
+      slot_key=$(slot_b64 "$slot_prefix$k")
+      return 0
+    fi
+  done
+  return 0
+}
+
+proxy_lists() {  # proxy_lists HOST:PORT...: 0 when the proxy answers and lists one of them (tainted or not)
+  local answer listed ep
+  # A removal of no instance changes nothing and answers with the current lists.
+  answer=$(proxy_call remove) || return 1
+  listed=$(printf '%s' "$answer" | grep -o "\"current_${proxy_type}_instances\": *\[[^]]*\]") || return 1
+  for ep in "$@"; do case "$listed" in *"\"$ep\""*) return 0 ;; esac; done
+  return 1
+}
+
+slot_acquire() {  # slot_acquire restart|delete: hold one of the role's restart slots (shared by the nodes of this instance);
+  # exit 1, touching nothing, when another instance's restart failed (and, for a delete, when no slot comes)
+  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said="" who answered holder since
   lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || lease=""
   if [ -z "$lease" ]; then echo "$instance: etcd $etcd_url does not answer: restarting without a slot" >&2; return 0; fi
+  # Only a failure during this wait stops it: after a failed step Pulumi starts no new one, so an
+  # older mark is from an earlier run, which this one retries; the failed instance keeps its slot
+  # until it serves again, so it comes back first and the others follow.
+  since=$(etcd_revision) || since=0
   while :; do
+    if who=$(rollout_failed "${since:-0}"); then
+      echo "$instance: the restart of $who failed: not restarting $instance, which keeps serving;" >&2
+      echo "  fix what failed on $who (its launch output says what) and run pulumi up again" >&2
+      exit 1
+    fi
+    answered=""
     for ((k = 0; k < slots; k++)); do
       key=$(slot_b64 "$slot_prefix$k")
       answer=$(etcd_post /v3/kv/txn "{\"compare\": [{\"key\": \"$key\", \"target\": \"CREATE\", \"result\": \"EQUAL\", \"create_revision\": \"0\"}], \"success\": [{\"request_put\": {\"key\": \"$key\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}}], \"failure\": [{\"request_range\": {\"key\": \"$key\"}}]}") || answer=""
@@ -151,12 +224,25 @@ slot_acquire() {  # hold one of the role's restart slots (shared by the nodes of
         echo "$instance: restart slot $((k + 1)) of $slots"
         return 0 ;;
       esac
+      if [ -n "$answer" ]; then answered=1; fi
     done
+    if [ -z "$answered" ]; then  # etcd went away meanwhile (its own container is replaced too)
+      echo "$instance: etcd $etcd_url no longer answers: restarting without a slot" >&2
+      return 0
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then
+      if [ "${1:-}" = delete ]; then
+        echo "$instance: no restart slot free after ${slot_timeout_s}s: not stopping it (it keeps serving); run pulumi up again" >&2
+        exit 1
+      fi
       echo "$instance: no restart slot free after ${slot_timeout_s}s: restarting anyway" >&2
       return 0
     fi
-    if [ -z "$said" ]; then echo "$instance: waiting for one of $slots restart slot(s) of its role"; said=1; fi
+    if [ -z "$said" ]; then
+      holder=$(etcd_value "${slot_prefix}0" 2>/dev/null) || holder=""
+      echo "$instance: waiting for one of $slots restart slot(s) of its role${holder:+ (held by $holder)}"
+      said=1
+    fi
     sleep 1
   done
 }

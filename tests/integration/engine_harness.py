@@ -59,7 +59,13 @@ class Run:
     outcome: Outcome
     output: dict[int, str] = field(default_factory=dict)
     step_seconds: dict[int, float] = field(default_factory=dict)
+    step_started: dict[int, float] = field(default_factory=dict)  # time.monotonic() at its start
     seconds: float = 0.0
+
+    def span(self, op: str, name: str) -> tuple[float, float]:
+        """When the step `op name` started and finished (time.monotonic())."""
+        i = next(i for i, s in enumerate(self.steps) if s.op == op and s.name == name)
+        return self.step_started[i], self.step_started[i] + self.step_seconds[i]
 
     def slowest(self, n: int = 5) -> list[tuple[str, float]]:
         return sorted(((str(self.steps[i]), round(t, 1)) for i, t in self.step_seconds.items()),
@@ -170,7 +176,7 @@ class Deployment:
         index = {id(s): i for i, s in enumerate(steps)}
 
         def act(step: Step) -> None:
-            t = time.monotonic()
+            t = run.step_started[index[id(step)]] = time.monotonic()
             try:
                 run.output[index[id(step)]] = self._act(step, known, env)
             finally:
@@ -379,7 +385,7 @@ def converged(dep: Deployment, *, timeout: float = 30) -> None:
         proxies = [p for p in harness.processes_matching(["--prefiller-hosts"]) if harness.alive(p)]
         if len(proxies) != 1:
             problems.append(f"{len(proxies)} proxy processes")
-        elif harness.cmdline(proxies[0])[1:] != list(plan.proxy.argv[1:]):
+        elif harness.cmdline(proxies[0])[1:] != list(c.plans[plan.proxy.node].proxy.argv[1:]):
             problems.append("the proxy runs another command than planned")
         return list(problems)
 

@@ -6,6 +6,10 @@ in etcd let one instance of a role go at a time).
 - a prefill flag on a2-8node (4 prefill instances): each instance is taken out of the proxy,
   drained, restarted, checked with one request and put back while the other three serve: no
   request fails;
+- a prefill image on a2-8node (`prefill.image`), run by the engine model (engine_harness): the four
+  prefill containers are replaced, and the launch's delete in each old container drains its
+  instance through the same slots, which the new container's launch gives back once it serves:
+  one instance at a time, no request fails;
 - a decode flag on a3-4node (its one decode instance, over two nodes): an outage is unavoidable.
   The proxy refuses requests at once with 503 while the instance is out, so every request that
   fails fails fast (within 1 s) with 503, none as an empty 200 or a hang, and the role serves again
@@ -30,7 +34,10 @@ from pathlib import Path
 import pytest
 import requests
 
+import engine_harness as eh
 import run_harness as harness
+
+from ascend_pd.engine.model import CREATE, DELETE_REPLACED, REPLACE
 
 pytestmark = pytest.mark.integration
 
@@ -225,3 +232,111 @@ def test_decode_flag_change_on_its_only_instance_fails_fast(a3: harness.Cluster)
     last = sorted(load.outcomes, key=lambda o: o.start)[-RATE_PER_S:]
     assert all(o.ok for o in last), (line, [(round(o.start - t0, 1), o.status, o.detail) for o in last if not o.ok])
     assert proxy_counts(new) == (len(new.any_plan.proxy.prefillers), len(new.any_plan.proxy.decoders))
+
+
+# etcd and the proxy on a decode node: a prefill node's container, replaced, would take them along
+# (README "Changing a running cluster"). The fake ranks' delays come from each role's own env.
+IMAGE_BASE = {
+    "decode": {"dp": 8, "env": {"FAKE_VLLM_REQUEST_DELAY": str(DECODE_S)}},
+    "prefill": {"env": {"FAKE_VLLM_REQUEST_DELAY": str(REQUEST_S)}},
+    "etcd": {"node": "d0"}, "proxy": {"node": "d0"},
+    "yuanrong": {"stopTimeoutS": 5}, "rollout": {"drainTimeoutS": 60},
+}
+NEW_IMAGE = "quay.io/ascend/vllm-ascend:v0.20.3"
+
+
+@pytest.fixture(scope="module")
+def image_dep(workdir: Path):
+    harness.require_tools(harness.ETCD_BINARY, "curl", "dscli", "setsid")
+    d = eh.Deployment("a2-8node", workdir / "img", base=IMAGE_BASE)
+    yield d
+    if d.state:
+        d.destroy()
+
+
+def show_launches(run: eh.Run) -> None:
+    """What each launch step said, as `pulumi up` shows it (pytest -s)."""
+    for i, s in enumerate(run.steps):
+        if s.name.endswith("-launch") and (i in run.output or i in run.outcome.failed):
+            print(f"--- {s}\n{run.output.get(i, '')}{run.outcome.failed.get(i, '')}", end="")
+
+
+def prefill_nodes(dep: eh.Deployment) -> list[str]:
+    return [n for n in dep.cluster.nodes if n.startswith("p")]
+
+
+def test_prefill_image_change_replaces_one_instance_at_a_time(image_dep: eh.Deployment):
+    dep = image_dep
+    first = dep.up()
+    assert first.outcome.ok, first.failures()
+    decode_before = {k: v for k, v in eh.pids_of_ranks(dep).items() if k.startswith("decode-")}
+    plan = dep.cluster.any_plan
+    with Load(plan.proxy.url, plan.cfg.model.served_name) as load:
+        time.sleep(2)
+        t0 = time.monotonic()
+        run = dep.up({"prefill": {"image": NEW_IMAGE}})
+        took = time.monotonic() - t0
+        time.sleep(2)
+    line = load.report(f"prefill image change on a2-8node ({took:.0f} s for 4 instances)")
+    show_launches(run)
+    assert run.outcome.ok, run.failures()
+    prefill = prefill_nodes(dep)
+    assert run.names(REPLACE) >= {f"{n}-container" for n in prefill}
+    assert not any(s.name.startswith("d") for s in run.steps if s.acts), "a decode node was touched"
+    # One instance at a time: from its ranks' stop (the old delete's end) to its return (the new
+    # launch's end), no two prefill instances are out together.
+    out_of_service = sorted((run.span(DELETE_REPLACED, f"{n}-launch")[1], run.span(REPLACE, f"{n}-launch")[1], n)
+                            for n in prefill)
+    for (_, back, a), (stopped, _, b) in zip(out_of_service, out_of_service[1:]):
+        assert back <= stopped, f"{b} stopped {back - stopped:.1f} s before {a} was back"
+    for i, out in run.output.items():
+        if run.steps[i].op == DELETE_REPLACED and run.steps[i].name.endswith("-launch"):
+            assert "draining it first" in out and "drained" in out, out
+    failed = [o for o in load.outcomes if not o.ok]
+    assert not failed, (line, [(round(o.latency, 2), o.detail) for o in failed[:5]])
+    assert len(load.outcomes) >= RATE_PER_S * took * 0.8, line
+    eh.converged(dep)
+    assert {k: v for k, v in eh.pids_of_ranks(dep).items() if k.startswith("decode-")} == decode_before
+
+
+def test_an_image_whose_ranks_do_not_start_stops_the_rollout_after_one_instance(image_dep: eh.Deployment):
+    """A bad image: the first instance's new ranks exit at start. Its launch fails, keeps its slot
+    and marks the role's rollout failed; the other instances, waiting for the slot, stop there and
+    serve on with the old image. The next `pulumi up` (image fixed) brings the failed one back first
+    (it kept its slot), then replaces the others one at a time."""
+    dep = image_dep
+    plan = dep.cluster.any_plan
+    prefill = prefill_nodes(dep)
+    before = eh.pids_of_ranks(dep)
+    with Load(plan.proxy.url, plan.cfg.model.served_name) as load:
+        time.sleep(2)
+        run = dep.up({"prefill": {"image": NEW_IMAGE + "-broken"}}, env={"FAKE_VLLM_EXIT_AT_START": "3"})
+        time.sleep(2)
+    line = load.report("prefill image whose ranks exit at start, a2-8node")
+    show_launches(run)
+    assert not run.outcome.ok
+    failed = run.failures()
+    broken = [n for n in prefill if f"{n}-launch" in failed and "exited before answering /health" in failed[f"{n}-launch"]]
+    assert len(broken) == 1, failed
+    held = [n for n in prefill if n not in broken]
+    for n in held:
+        assert f"the restart of prefill-{prefill.index(broken[0])} failed: not restarting" in failed[f"{n}-launch"], \
+            (n, failed.get(f"{n}-launch"))
+        assert not [i for i in run.outcome.done if run.steps[i].op == REPLACE and run.steps[i].name == f"{n}-container"], \
+            n  # its old container serves on
+    assert not [o for o in load.outcomes if not o.ok], line  # the three others served throughout
+    after = eh.pids_of_ranks(dep)
+    kept = {k: v for k, v in before.items() if not k.startswith(f"prefill-{prefill.index(broken[0])}-")}
+    assert {k: after.get(k) for k in kept} == kept  # every other rank runs on, untouched
+
+    name = f"prefill-{prefill.index(broken[0])}"
+    run = dep.up({"prefill": {"image": NEW_IMAGE}})  # fixed
+    show_launches(run)
+    retried = next(i for i, s in enumerate(run.steps) if s.op in (CREATE, REPLACE) and s.name == f"{broken[0]}-launch")
+    assert retried in run.outcome.done, run.failures()
+    assert f"{name}: serves again after its failed restart" in run.output[retried]
+    assert run.outcome.ok, run.failures()
+    back = run.step_started[retried] + run.step_seconds[retried]
+    for n in held:  # the others waited for the slot it kept
+        assert run.span(DELETE_REPLACED, f"{n}-launch")[1] >= back, n
+    eh.converged(dep)

@@ -19,13 +19,13 @@ retaint_s=5.0
 drain_quiet_polls=4
 drain_timeout_s=300
 slots=1
-slot_ttl_s=4020
-slot_timeout_s=4020
+slot_ttl_s=7740
+slot_timeout_s=7740
 slot_prefix=/ascend-pd/rollout/a2-8node/decode/
 readd_timeout_s=60
+lead=0
 one_request='{"model": "deepseek_v4", "prompt": "ping", "max_tokens": 1}'
 first_rank=http://192.0.2.21:7100
-lead=0
 endpoints=(192.0.2.20:7100 192.0.2.20:7101 192.0.2.20:7102 192.0.2.20:7103 192.0.2.20:7104 192.0.2.20:7105 192.0.2.20:7106 192.0.2.20:7107 192.0.2.21:7100 192.0.2.21:7101 192.0.2.21:7102 192.0.2.21:7103 192.0.2.21:7104 192.0.2.21:7105 192.0.2.21:7106 192.0.2.21:7107 192.0.2.22:7100 192.0.2.22:7101 192.0.2.22:7102 192.0.2.22:7103 192.0.2.22:7104 192.0.2.22:7105 192.0.2.22:7106 192.0.2.22:7107 192.0.2.23:7100 192.0.2.23:7101 192.0.2.23:7102 192.0.2.23:7103 192.0.2.23:7104 192.0.2.23:7105 192.0.2.23:7106 192.0.2.23:7107)
 local_endpoints=(192.0.2.21:7100 192.0.2.21:7101 192.0.2.21:7102 192.0.2.21:7103 192.0.2.21:7104 192.0.2.21:7105 192.0.2.21:7106 192.0.2.21:7107)
 metrics_urls=(http://192.0.2.20:7100/metrics http://192.0.2.20:7101/metrics http://192.0.2.20:7102/metrics http://192.0.2.20:7103/metrics http://192.0.2.20:7104/metrics http://192.0.2.20:7105/metrics http://192.0.2.20:7106/metrics http://192.0.2.20:7107/metrics http://192.0.2.21:7100/metrics http://192.0.2.21:7101/metrics http://192.0.2.21:7102/metrics http://192.0.2.21:7103/metrics http://192.0.2.21:7104/metrics http://192.0.2.21:7105/metrics http://192.0.2.21:7106/metrics http://192.0.2.21:7107/metrics http://192.0.2.22:7100/metrics http://192.0.2.22:7101/metrics http://192.0.2.22:7102/metrics http://192.0.2.22:7103/metrics http://192.0.2.22:7104/metrics http://192.0.2.22:7105/metrics http://192.0.2.22:7106/metrics http://192.0.2.22:7107/metrics http://192.0.2.23:7100/metrics http://192.0.2.23:7101/metrics http://192.0.2.23:7102/metrics http://192.0.2.23:7103/metrics http://192.0.2.23:7104/metrics http://192.0.2.23:7105/metrics http://192.0.2.23:7106/metrics http://192.0.2.23:7107/metrics)
@@ -263,11 +263,63 @@ etcd_post() {  # etcd_post PATH JSON: etcd's JSON gateway; the answer on stdout
   curl --noproxy '*' -fsS -m 5 -X POST "$etcd_url$1" -d "$2" 2>/dev/null
 }
 
-slot_acquire() {  # hold one of the role's restart slots (shared by the nodes of this instance)
-  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said=""
+etcd_value() {  # etcd_value KEY: the key's value on stdout; 1 when it is not set (or etcd does not answer)
+  local v
+  v=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$1")\"}" | grep -o '"value":"[^"]*"' | cut -d'"' -f4) || return 1
+  [ -n "$v" ] && printf '%s' "$v" | base64 -d 2>/dev/null
+}
+
+rollout_failed() {  # the other instance whose restart failed in this role's rollout, on stdout; 1 if none
+  local who
+  who=$(etcd_value "${slot_prefix}failed") || return 1
+  [ -n "$who" ] && [ "$who" != "$instance" ] && printf '%s' "$who"
+}
+
+rollout_failed_mark() {  # this instance's restart failed: the role's waiting restarts stop (for slot_ttl_s at most)
+  local lease
+  lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || return 0
+  etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
+}
+
+rollout_retry() {  # a launch of this instance runs again: its own failure mark no longer holds the role back
+  if [ "$(etcd_value "${slot_prefix}failed" 2>/dev/null)" = "$instance" ]; then
+    etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" >/dev/null || true
+    echo "$instance: runs again after its failed restart: the other instances of its role may restart again"
+  fi
+  return 0
+}
+
+slot_held() {  # find the slot this instance holds (taken by the delete of its old container): slot_key
+  local k
+  for ((k = 0; k < slots; k++)); do
+    if [ "$(etcd_value "$slot_prefix$k" 2>/dev/null)" = "$instance" ]; then
+      slot_key=$(slot_b64 "$slot_prefix$k")
+      return 0
+    fi
+  done
+  return 0
+}
+
+proxy_lists() {  # proxy_lists HOST:PORT...: 0 when the proxy answers and lists one of them (tainted or not)
+  local answer listed ep
+  # A removal of no instance changes nothing and answers with the current lists.
+  answer=$(proxy_call remove) || return 1
+  listed=$(printf '%s' "$answer" | grep -o "\"current_${proxy_type}_instances\": *\[[^]]*\]") || return 1
+  for ep in "$@"; do case "$listed" in *"\"$ep\""*) return 0 ;; esac; done
+  return 1
+}
+
+slot_acquire() {  # slot_acquire restart|delete: hold one of the role's restart slots (shared by the nodes of this instance);
+  # exit 1, touching nothing, when another instance's restart failed (and, for a delete, when no slot comes)
+  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said="" who
   lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || lease=""
   if [ -z "$lease" ]; then echo "$instance: etcd $etcd_url does not answer: restarting without a slot" >&2; return 0; fi
   while :; do
+    if who=$(rollout_failed); then
+      echo "$instance: the restart of $who failed: not restarting $instance, which keeps serving;" >&2
+      echo "  fix what failed on $who (its launch output says what) and run pulumi up again" >&2
+      exit 1
+    fi
     for ((k = 0; k < slots; k++)); do
       key=$(slot_b64 "$slot_prefix$k")
       answer=$(etcd_post /v3/kv/txn "{\"compare\": [{\"key\": \"$key\", \"target\": \"CREATE\", \"result\": \"EQUAL\", \"create_revision\": \"0\"}], \"success\": [{\"request_put\": {\"key\": \"$key\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}}], \"failure\": [{\"request_range\": {\"key\": \"$key\"}}]}") || answer=""
@@ -279,6 +331,10 @@ slot_acquire() {  # hold one of the role's restart slots (shared by the nodes of
       esac
     done
     if [ "$SECONDS" -ge "$deadline" ]; then
+      if [ "${1:-}" = delete ]; then
+        echo "$instance: no restart slot free after ${slot_timeout_s}s: not stopping it (it keeps serving); run pulumi up again" >&2
+        exit 1
+      fi
       echo "$instance: no restart slot free after ${slot_timeout_s}s: restarting anyway" >&2
       return 0
     fi
@@ -316,6 +372,10 @@ group_failed_peer() {  # group_failed_peer SINCE: print "NODE MESSAGE" of a peer
 }
 
 mkdir -p "$run_dir" "$log_dir"
+# A slot this instance holds from the delete in its old container, given back once it serves again.
+slot_key=""
+slot_held
+rollout_retry
 # Ranks on this node that the plan no longer has, from any instance: they hold ports and NPUs.
 unplanned=()
 for pidfile in "$run_dir"/prefill-*-r*.pid "$run_dir"/decode-*-r*.pid; do
@@ -349,7 +409,7 @@ if [ "$running" = 1 ] && ! group_healthy; then
 elif [ "$running" = 1 ] && [ "$changed" = 1 ]; then
   # A serving instance restarts: one slot of its role, out of the proxy, drained, then stopped.
   echo "$instance: its ranks' commands changed: restarting its ranks on $node"
-  slot_acquire
+  slot_acquire restart
   if out_of_proxy serving; then rollout=1; drain; fi
   stop_pidfiles "$grace" "${local_pidfiles[@]}"
 elif [ "$running" = 0 ] && out_of_proxy; then
@@ -363,6 +423,8 @@ fail() {  # fail MESSAGE: stop this node's ranks, tell the group, exit 1
   echo "$instance on $node: $1" >&2
   group_put failed "$1"
   stop_pidfiles "$grace" "${local_pidfiles[@]}"
+  # A serving instance that does not come back: the role's other restarts waiting for a slot stop.
+  if [ -n "$slot_key" ]; then rollout_failed_mark; fi
   slot_release  # the instance stays out of the proxy: it does not serve
   exit 1
 }

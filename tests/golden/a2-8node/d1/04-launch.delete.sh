@@ -2,9 +2,27 @@
 # ascend-pd a2-8node: vLLM ranks (stop) on d1
 set -euo pipefail
 node=d1
+instance=decode-0
 run_dir=/workspace/ascend-pd/run
 grace=60
 log_tail=50
+etcd_url=http://192.0.2.10:2379
+local_pidfiles=(/workspace/ascend-pd/run/decode-0-r8.pid /workspace/ascend-pd/run/decode-0-r9.pid /workspace/ascend-pd/run/decode-0-r10.pid /workspace/ascend-pd/run/decode-0-r11.pid /workspace/ascend-pd/run/decode-0-r12.pid /workspace/ascend-pd/run/decode-0-r13.pid /workspace/ascend-pd/run/decode-0-r14.pid /workspace/ascend-pd/run/decode-0-r15.pid)
+proxy_url=http://192.0.2.10:18020
+proxy_type=decode
+spares=0
+retaint_s=5.0
+drain_quiet_polls=4
+drain_timeout_s=300
+slots=1
+slot_ttl_s=7740
+slot_timeout_s=7740
+slot_prefix=/ascend-pd/rollout/a2-8node/decode/
+readd_timeout_s=60
+lead=0
+endpoints=(192.0.2.20:7100 192.0.2.20:7101 192.0.2.20:7102 192.0.2.20:7103 192.0.2.20:7104 192.0.2.20:7105 192.0.2.20:7106 192.0.2.20:7107 192.0.2.21:7100 192.0.2.21:7101 192.0.2.21:7102 192.0.2.21:7103 192.0.2.21:7104 192.0.2.21:7105 192.0.2.21:7106 192.0.2.21:7107 192.0.2.22:7100 192.0.2.22:7101 192.0.2.22:7102 192.0.2.22:7103 192.0.2.22:7104 192.0.2.22:7105 192.0.2.22:7106 192.0.2.22:7107 192.0.2.23:7100 192.0.2.23:7101 192.0.2.23:7102 192.0.2.23:7103 192.0.2.23:7104 192.0.2.23:7105 192.0.2.23:7106 192.0.2.23:7107)
+local_endpoints=(192.0.2.21:7100 192.0.2.21:7101 192.0.2.21:7102 192.0.2.21:7103 192.0.2.21:7104 192.0.2.21:7105 192.0.2.21:7106 192.0.2.21:7107)
+metrics_urls=(http://192.0.2.20:7100/metrics http://192.0.2.20:7101/metrics http://192.0.2.20:7102/metrics http://192.0.2.20:7103/metrics http://192.0.2.20:7104/metrics http://192.0.2.20:7105/metrics http://192.0.2.20:7106/metrics http://192.0.2.20:7107/metrics http://192.0.2.21:7100/metrics http://192.0.2.21:7101/metrics http://192.0.2.21:7102/metrics http://192.0.2.21:7103/metrics http://192.0.2.21:7104/metrics http://192.0.2.21:7105/metrics http://192.0.2.21:7106/metrics http://192.0.2.21:7107/metrics http://192.0.2.22:7100/metrics http://192.0.2.22:7101/metrics http://192.0.2.22:7102/metrics http://192.0.2.22:7103/metrics http://192.0.2.22:7104/metrics http://192.0.2.22:7105/metrics http://192.0.2.22:7106/metrics http://192.0.2.22:7107/metrics http://192.0.2.23:7100/metrics http://192.0.2.23:7101/metrics http://192.0.2.23:7102/metrics http://192.0.2.23:7103/metrics http://192.0.2.23:7104/metrics http://192.0.2.23:7105/metrics http://192.0.2.23:7106/metrics http://192.0.2.23:7107/metrics)
 alive() {  # alive PID: running and not a zombie
   local stat
   stat=$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
@@ -111,7 +129,223 @@ mark_done() {  # mark_done MARKER SPEC
   mkdir -p "$(dirname "$1")"
   echo "$2 $(container_incarnation)" > "$1"
 }
+rollout_json() {  # rollout_json HOST:PORT...: the proxy's {"type", "instances"} body
+  local out="" e
+  for e in "$@"; do out="$out${out:+, }\"$e\""; done
+  printf '{"type": "%s", "instances": [%s]}' "$proxy_type" "$out"
+}
 
+proxy_call() {  # proxy_call add|remove HOST:PORT...: POST to the proxy; its answer on stdout
+  local mode=$1
+  shift
+  curl --noproxy '*' -fsS -m 5 -X POST "$proxy_url/instances/$mode" -H 'Content-Type: application/json' \
+    -d "$(rollout_json "$@")" 2>/dev/null
+}
+
+keeper_pid=""
+out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the proxy and keep them out;
+  # 1 when the proxy does not answer. `serving`: the ranks serve and are about to stop, so the
+  # role's only instance waits until the proxy has really dropped them.
+  local deadline=$((SECONDS + drain_timeout_s))
+  local targets=("${local_endpoints[@]}")
+  if [ "${1:-}" = serving ] && [ "$spares" = 0 ]; then targets=("${endpoints[@]}"); fi
+  proxy_call remove "${targets[@]}" >/dev/null || { echo "$instance: the proxy at $proxy_url does not answer: not draining through it"; return 1; }
+  if [ "$spares" -gt 0 ]; then
+    # Re-asserted until into_proxy (or the script's end): see the top of this file.
+    (while sleep "$retaint_s"; do proxy_call remove "${local_endpoints[@]}" >/dev/null || true; done) </dev/null >/dev/null 2>&1 &
+    keeper_pid=$!
+    trap keep_out_stop EXIT
+    echo "$instance: out of the proxy (the other $spares instance(s) of its role take its requests)"
+    return 0
+  fi
+  if [ "${1:-}" != serving ]; then echo "$instance: out of the proxy"; return 0; fi
+  # The role's only instance: a taint leaves its ranks the proxy's only choice, so requests keep
+  # coming; only a removal stops them, which the proxy makes once no request is in flight anywhere.
+  # So the group's lead node asks for all of its ranks at once, every retaint_s, and every node
+  # waits until the proxy counts none of the role (a cheap /healthcheck, every 0.25 s; a removal
+  # call costs the proxy a client per rank).
+  local asked=$SECONDS
+  until role_gone; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$instance: the proxy still routes to it after ${drain_timeout_s}s (requests always in flight): restarting anyway;" >&2
+      echo "  requests that reach the proxy while it restarts fail (an empty 200) or wait until it is back" >&2
+      return 0
+    fi
+    sleep 0.25
+    if [ "$lead" = 1 ] && ((SECONDS - asked >= ${retaint_s%.*})); then
+      proxy_call remove "${endpoints[@]}" >/dev/null || true
+      asked=$SECONDS
+    fi
+  done
+  echo "$instance: out of the proxy (the only instance of its role: requests are refused until it is back)"
+}
+
+role_gone() {  # 0 once the proxy's /healthcheck counts no instance of this role
+  curl --noproxy '*' -fsS -m 5 "$proxy_url/healthcheck" 2>/dev/null | grep -q "\"${proxy_type}_instances\": *0[,}]"
+}
+
+keep_out_stop() {  # stop re-asserting the removal
+  if [ -n "$keeper_pid" ]; then kill "$keeper_pid" 2>/dev/null || true; wait "$keeper_pid" 2>/dev/null || true; fi
+  keeper_pid=""
+}
+
+busy() {  # the instance's running + waiting requests, summed over its ranks (an unreachable rank: 0)
+  local url total=0 n
+  for url in "${metrics_urls[@]}"; do
+    n=$(curl --noproxy '*' -fsS -m 3 "$url" 2>/dev/null \
+      | awk '/^vllm:num_requests_(running|waiting)[{ ]/ {s += $NF} END {printf "%d", s}') || n=0
+    total=$((total + ${n:-0}))
+  done
+  echo "$total"
+}
+
+drain() {  # wait until the instance's ranks hold no request for drain_quiet_polls polls in a row, at most drain_timeout_s
+  local deadline=$((SECONDS + drain_timeout_s)) n quiet=0
+  # Several idle polls in a row: a request the proxy routed just before the taint may still be on
+  # its way to a rank.
+  while [ "$quiet" -lt "$drain_quiet_polls" ]; do
+    n=$(busy)
+    if [ "$n" -gt 0 ]; then quiet=0; else quiet=$((quiet + 1)); fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$instance: $n request(s) still on its ranks after ${drain_timeout_s}s: stopping anyway" >&2
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "$instance: drained"
+}
+
+into_proxy() {  # into_proxy HOST:PORT...: put ranks back into the proxy; 1 when it will not list them
+  # The proxy adds an instance at once only when its /v1/models answers right then; otherwise it
+  # parks it and looks again every --waiting-retry-interval (ascend-pd:proxy.flags), up to --max-waiting-retries
+  # times, and requests meanwhile find the role short (none at all for its only instance). So the
+  # add is repeated until the proxy's own answer lists every endpoint.
+  keep_out_stop
+  local deadline=$((SECONDS + readd_timeout_s)) answer listed ep missing
+  while :; do
+    answer=$(proxy_call add "$@") || answer=""
+    if [ -z "$answer" ] && [ "$SECONDS" -ge "$deadline" ]; then
+      # Whenever it answers again it starts from its argv, which lists every planned instance.
+      echo "$instance: the proxy at $proxy_url does not answer: not adding $* to it"
+      return 0
+    fi
+    listed=$(printf '%s' "$answer" | grep -o "\"current_${proxy_type}_instances\": *\[[^]]*\]") || listed=""
+    missing=""
+    for ep in "$@"; do case "$listed" in *"\"$ep\""*) ;; *) missing="$missing $ep" ;; esac; done
+    if [ -n "$answer" ] && [ -z "$missing" ]; then
+      echo "$instance: back in the proxy ($*)"
+      return 0
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$instance: the proxy at $proxy_url does not list${missing} after ${readd_timeout_s}s of /instances/add" >&2
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+slot_b64() { printf '%s' "$1" | base64 | tr -d '\n'; }
+
+etcd_post() {  # etcd_post PATH JSON: etcd's JSON gateway; the answer on stdout
+  curl --noproxy '*' -fsS -m 5 -X POST "$etcd_url$1" -d "$2" 2>/dev/null
+}
+
+etcd_value() {  # etcd_value KEY: the key's value on stdout; 1 when it is not set (or etcd does not answer)
+  local v
+  v=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$1")\"}" | grep -o '"value":"[^"]*"' | cut -d'"' -f4) || return 1
+  [ -n "$v" ] && printf '%s' "$v" | base64 -d 2>/dev/null
+}
+
+rollout_failed() {  # the other instance whose restart failed in this role's rollout, on stdout; 1 if none
+  local who
+  who=$(etcd_value "${slot_prefix}failed") || return 1
+  [ -n "$who" ] && [ "$who" != "$instance" ] && printf '%s' "$who"
+}
+
+rollout_failed_mark() {  # this instance's restart failed: the role's waiting restarts stop (for slot_ttl_s at most)
+  local lease
+  lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || return 0
+  etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
+}
+
+rollout_retry() {  # a launch of this instance runs again: its own failure mark no longer holds the role back
+  if [ "$(etcd_value "${slot_prefix}failed" 2>/dev/null)" = "$instance" ]; then
+    etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" >/dev/null || true
+    echo "$instance: runs again after its failed restart: the other instances of its role may restart again"
+  fi
+  return 0
+}
+
+slot_held() {  # find the slot this instance holds (taken by the delete of its old container): slot_key
+  local k
+  for ((k = 0; k < slots; k++)); do
+    if [ "$(etcd_value "$slot_prefix$k" 2>/dev/null)" = "$instance" ]; then
+      slot_key=$(slot_b64 "$slot_prefix$k")
+      return 0
+    fi
+  done
+  return 0
+}
+
+proxy_lists() {  # proxy_lists HOST:PORT...: 0 when the proxy answers and lists one of them (tainted or not)
+  local answer listed ep
+  # A removal of no instance changes nothing and answers with the current lists.
+  answer=$(proxy_call remove) || return 1
+  listed=$(printf '%s' "$answer" | grep -o "\"current_${proxy_type}_instances\": *\[[^]]*\]") || return 1
+  for ep in "$@"; do case "$listed" in *"\"$ep\""*) return 0 ;; esac; done
+  return 1
+}
+
+slot_acquire() {  # slot_acquire restart|delete: hold one of the role's restart slots (shared by the nodes of this instance);
+  # exit 1, touching nothing, when another instance's restart failed (and, for a delete, when no slot comes)
+  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said="" who
+  lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || lease=""
+  if [ -z "$lease" ]; then echo "$instance: etcd $etcd_url does not answer: restarting without a slot" >&2; return 0; fi
+  while :; do
+    if who=$(rollout_failed); then
+      echo "$instance: the restart of $who failed: not restarting $instance, which keeps serving;" >&2
+      echo "  fix what failed on $who (its launch output says what) and run pulumi up again" >&2
+      exit 1
+    fi
+    for ((k = 0; k < slots; k++)); do
+      key=$(slot_b64 "$slot_prefix$k")
+      answer=$(etcd_post /v3/kv/txn "{\"compare\": [{\"key\": \"$key\", \"target\": \"CREATE\", \"result\": \"EQUAL\", \"create_revision\": \"0\"}], \"success\": [{\"request_put\": {\"key\": \"$key\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}}], \"failure\": [{\"request_range\": {\"key\": \"$key\"}}]}") || answer=""
+      # Taken now, or already held by this instance (its other nodes took it).
+      case "$answer" in *'"succeeded":true'*|*"\"value\":\"$(slot_b64 "$instance")\""*)
+        slot_key=$key
+        echo "$instance: restart slot $((k + 1)) of $slots"
+        return 0 ;;
+      esac
+    done
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      if [ "${1:-}" = delete ]; then
+        echo "$instance: no restart slot free after ${slot_timeout_s}s: not stopping it (it keeps serving); run pulumi up again" >&2
+        exit 1
+      fi
+      echo "$instance: no restart slot free after ${slot_timeout_s}s: restarting anyway" >&2
+      return 0
+    fi
+    if [ -z "$said" ]; then echo "$instance: waiting for one of $slots restart slot(s) of its role"; said=1; fi
+    sleep 1
+  done
+}
+
+slot_release() {  # give the slot back (its lease would expire anyway)
+  if [ -n "${slot_key:-}" ]; then etcd_post /v3/kv/deleterange "{\"key\": \"$slot_key\"}" >/dev/null || true; fi
+}
+
+# Ranks that serve while the proxy still lists them: this delete is the first half of a replacement
+# (a new image or container for this node) in a cluster that serves on. A destroy deletes the proxy
+# first, a removed node is out of the proxy's argv by now: they just stop. Drained as a restart is,
+# holding one of the role's restart slots until the new container's launch has the instance back.
+slot_key=""
+running=0
+for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
+if [ "$running" = 1 ] && proxy_lists "${local_endpoints[@]}"; then
+  echo "$instance: stopping on $node while it serves (its container is replaced): draining it first"
+  slot_acquire delete
+  if out_of_proxy serving; then drain; fi
+fi
 # Every rank this node runs, whatever instance an older plan gave it.
 stop_pidfiles "$grace" "$run_dir"/prefill-*-r*.pid "$run_dir"/decode-*-r*.pid
 echo "ranks on $node stopped"
