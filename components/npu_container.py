@@ -34,7 +34,8 @@ class NpuContainer(pulumi.ComponentResource):
     binary, right after the container).
 
     Per: node
-    Runs: `docker.Provider` over `ssh://`, `RemoteImage` (kept on destroy), the container as the seeds'
+    Runs: `docker.Provider` over `ssh://`, `RemoteImage` of the node's image (its role's `image`, else
+      `container.image`; kept on destroy), the container as the seeds'
       `start-docker.sh` (host network, privileged, devices, driver mounts, `shm_size`, `init`,
       restart `unless-stopped`), then the preparation steps in order (openYuanrong wheel, etcd binary
       on the etcd node, `pip` steps, patch series), and the node's liveness/readiness probes

@@ -134,6 +134,44 @@ def test_the_image_replaces_every_container_pulling_first_and_is_a_full_outage()
     assert "image: " in text(change) and "-next" in text(change)
 
 
+def on_decode_node(side: Side) -> Side:
+    """The a2 stack with etcd and the proxy on d0 (the seed puts them on p0, a prefill node)."""
+    cfg = dict(side.config)
+    for key in ("etcd", "proxy"):
+        value = json.loads(cfg[f"ascend-pd:{key}"])
+        cfg[f"ascend-pd:{key}"] = json.dumps({**value, "node": "d0"})
+    return Side(side.label, cfg)
+
+
+def test_a_prefill_image_replaces_the_prefill_containers_only_rolling():
+    old = on_decode_node(base("a2-8node"))
+    new = on_decode_node(edited("a2-8node", "prefill", lambda p: p.update(image="quay.io/ascend/vllm-ascend:v0.20.3")))
+    change = compare("a2-8node", old, new)
+    assert_matches_engine(change, "a2-8node", old, new)
+    prefill = [f"p{i}" for i in range(4)]
+    assert {s.name for s in change.steps if s.op == REPLACE and s.name.endswith("-container")} == \
+        {f"{n}-container" for n in prefill}
+    assert not [s for s in change.steps if s.name.startswith("d")]  # decode's nodes untouched
+    assert restarted(change) >= {r.name for r in plan_of("a2-8node", new.config).ranks_of("prefill")}
+    assert {p.how for p in change.effect.processes if p.kind == "rank"} == {ROLLING}
+    assert role(change, "prefill").verdict == "keeps serving (rolling)"
+    assert role(change, "decode").verdict == "unaffected"
+    assert {n.name: n.image for n in plan_of("a2-8node", new.config).nodes} == {
+        **{n: "quay.io/ascend/vllm-ascend:v0.20.3" for n in prefill},
+        **{f"d{i}": "quay.io/ascend/vllm-ascend:v0.20.2rc1" for i in range(4)}}
+
+
+def test_a_prefill_image_on_the_etcd_and_proxy_node_is_an_outage():
+    """The seed's a2 layout: p0's container also runs etcd and the proxy, which its replacement stops:
+    nothing drains through a proxy that is gone, the restart slots go with etcd."""
+    old = base("a2-8node")
+    new = edited("a2-8node", "prefill", lambda p: p.update(image="quay.io/ascend/vllm-ascend:v0.20.3"))
+    change = compare("a2-8node", old, new)
+    assert role(change, "prefill").verdict == "outage"
+    assert {"etcd", "proxy"} <= restarted(change)
+    assert any("the proxy restarts" in n for n in change.effect.notes)
+
+
 def test_a_node_removed_from_prefill_is_stopped_at_the_end_and_prefill_keeps_serving():
     old = base("a2-8node")
     new = edited("a2-8node", "prefill", lambda p: p.update(nodes=["p0", "p2", "p3"]))

@@ -354,6 +354,27 @@ def test_scripts_pass_through_unchanged(stack):
             assert reg.inputs["delete"] == shell.in_container(name, script.delete, delete=True)
 
 
+def test_a_role_image_goes_to_that_roles_nodes_only():
+    """prefill.image / decode.image: each node pulls and runs its role's image; a node of neither
+    role (etcd or the proxy alone) and the other role keep container.image."""
+    raw = with_object("a3-4node", "decode", lambda d: d.update(image="quay.io/ascend/vllm-ascend:v0.18.1-a3"))
+    raw[f"{PROJECT}:nodes"] = json.dumps(json.loads(raw[f"{PROJECT}:nodes"])
+                                         + [{"name": "x0", "address": "192.0.2.50", "nic": "enp3s0"}])
+    raw[f"{PROJECT}:proxy"] = json.dumps({**json.loads(raw[f"{PROJECT}:proxy"]), "node": "x0"})
+    run = run_program(raw, stack="a3-4node")
+    base = load_stack("a3-4node").container.image
+    want = {"p0": base, "p1": base, "d0": "quay.io/ascend/vllm-ascend:v0.18.1-a3",
+            "d1": "quay.io/ascend/vllm-ascend:v0.18.1-a3", "x0": base}
+    for node, image in want.items():
+        assert run.named(f"{node}-image").inputs["name"] == image, node
+        assert run.named(f"{node}-container").inputs["image"] == mock_image_id(image), node
+    # The node's preflight checks the image that node will pull.
+    assert "image=quay.io/ascend/vllm-ascend:v0.18.1-a3\n" in run.named("d0-preflight").inputs["create"]
+    assert f"image={base}\n" in run.named("p0-preflight").inputs["create"]
+    assert "image   quay.io/ascend/vllm-ascend:v0.18.1-a3  on d0 d1" in summary(build_plan(load_config(
+        {k.split(":", 1)[1]: v for k, v in raw.items() if k.startswith(f"{PROJECT}:")}), "a3-4node"))
+
+
 @pytest.mark.parametrize(
     "stack, shm_mb, address", [("a2-8node", 800 * 1024, "192.0.2.10"), ("a3-4node", 500 * 1024, "192.0.2.30")]
 )

@@ -12,6 +12,11 @@ The launch owns every rank on its node:
 * it waits until its ranks answer /health, and fails fast when one of them dies, or when the
   launch of another node of the group reports failure in etcd (instead of waiting out
   `vllm.readyTimeoutS` for ranks that will never come).
+
+Its delete drains the instance first when the proxy still lists it: the delete is then the first
+half of a replacement of the node's container (`prefill.image`, `decode.image`) in a cluster that
+serves on, and it keeps one of the role's restart slots until the new container's launch serves
+(shell/rollout_lib.sh). A destroy (the proxy goes first) and a removed node just stop the ranks.
 """
 
 from __future__ import annotations

@@ -193,8 +193,10 @@ out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the pr
   echo "$instance: out of the proxy (the only instance of its role: requests are refused until it is back)"
 }
 
-role_gone() {  # 0 once the proxy's /healthcheck counts no instance of this role
-  curl --noproxy '*' -fsS -m 5 "$proxy_url/healthcheck" 2>/dev/null | grep -q "\"${proxy_type}_instances\": *0[,}]"
+role_gone() {  # 0 once the proxy's /healthcheck counts no instance of this role, or the proxy is gone
+  local answer
+  answer=$(curl --noproxy '*' -fsS -m 5 "$proxy_url/healthcheck" 2>/dev/null) || return 0  # routes nothing
+  printf '%s' "$answer" | grep -q "\"${proxy_type}_instances\": *0[,}]"
 }
 
 keep_out_stop() {  # stop re-asserting the removal
@@ -269,10 +271,16 @@ etcd_value() {  # etcd_value KEY: the key's value on stdout; 1 when it is not se
   [ -n "$v" ] && printf '%s' "$v" | base64 -d 2>/dev/null
 }
 
-rollout_failed() {  # the other instance whose restart failed in this role's rollout, on stdout; 1 if none
-  local who
-  who=$(etcd_value "${slot_prefix}failed") || return 1
-  [ -n "$who" ] && [ "$who" != "$instance" ] && printf '%s' "$who"
+etcd_revision() {  # etcd's current revision (every write raises it)
+  etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" | grep -o '"revision":"[0-9]*"' | head -1 | cut -d'"' -f4
+}
+
+rollout_failed() {  # rollout_failed REVISION: the other instance whose restart failed since then, on stdout; 1 if none
+  local answer rev who
+  answer=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}") || return 1
+  rev=$(printf '%s' "$answer" | grep -o '"mod_revision":"[0-9]*"' | cut -d'"' -f4) || return 1
+  who=$(printf '%s' "$answer" | grep -o '"value":"[^"]*"' | cut -d'"' -f4 | base64 -d 2>/dev/null) || return 1
+  [ -n "$who" ] && [ "$who" != "$instance" ] && [ "${rev:-0}" -gt "$1" ] && printf '%s' "$who"
 }
 
 rollout_failed_mark() {  # this instance's restart failed: the role's waiting restarts stop (for slot_ttl_s at most)
@@ -281,10 +289,10 @@ rollout_failed_mark() {  # this instance's restart failed: the role's waiting re
   etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
 }
 
-rollout_retry() {  # a launch of this instance runs again: its own failure mark no longer holds the role back
+rollout_served() {  # this instance serves again: its own failure mark no longer holds the role back
   if [ "$(etcd_value "${slot_prefix}failed" 2>/dev/null)" = "$instance" ]; then
     etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" >/dev/null || true
-    echo "$instance: runs again after its failed restart: the other instances of its role may restart again"
+    echo "$instance: serves again after its failed restart: the other instances of its role may restart"
   fi
   return 0
 }
@@ -311,15 +319,20 @@ proxy_lists() {  # proxy_lists HOST:PORT...: 0 when the proxy answers and lists 
 
 slot_acquire() {  # slot_acquire restart|delete: hold one of the role's restart slots (shared by the nodes of this instance);
   # exit 1, touching nothing, when another instance's restart failed (and, for a delete, when no slot comes)
-  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said="" who
+  local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said="" who answered holder since
   lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || lease=""
   if [ -z "$lease" ]; then echo "$instance: etcd $etcd_url does not answer: restarting without a slot" >&2; return 0; fi
+  # Only a failure during this wait stops it: after a failed step Pulumi starts no new one, so an
+  # older mark is from an earlier run, which this one retries; the failed instance keeps its slot
+  # until it serves again, so it comes back first and the others follow.
+  since=$(etcd_revision) || since=0
   while :; do
-    if who=$(rollout_failed); then
+    if who=$(rollout_failed "${since:-0}"); then
       echo "$instance: the restart of $who failed: not restarting $instance, which keeps serving;" >&2
       echo "  fix what failed on $who (its launch output says what) and run pulumi up again" >&2
       exit 1
     fi
+    answered=""
     for ((k = 0; k < slots; k++)); do
       key=$(slot_b64 "$slot_prefix$k")
       answer=$(etcd_post /v3/kv/txn "{\"compare\": [{\"key\": \"$key\", \"target\": \"CREATE\", \"result\": \"EQUAL\", \"create_revision\": \"0\"}], \"success\": [{\"request_put\": {\"key\": \"$key\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}}], \"failure\": [{\"request_range\": {\"key\": \"$key\"}}]}") || answer=""
@@ -329,7 +342,12 @@ slot_acquire() {  # slot_acquire restart|delete: hold one of the role's restart 
         echo "$instance: restart slot $((k + 1)) of $slots"
         return 0 ;;
       esac
+      if [ -n "$answer" ]; then answered=1; fi
     done
+    if [ -z "$answered" ]; then  # etcd went away meanwhile (its own container is replaced too)
+      echo "$instance: etcd $etcd_url no longer answers: restarting without a slot" >&2
+      return 0
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then
       if [ "${1:-}" = delete ]; then
         echo "$instance: no restart slot free after ${slot_timeout_s}s: not stopping it (it keeps serving); run pulumi up again" >&2
@@ -338,7 +356,11 @@ slot_acquire() {  # slot_acquire restart|delete: hold one of the role's restart 
       echo "$instance: no restart slot free after ${slot_timeout_s}s: restarting anyway" >&2
       return 0
     fi
-    if [ -z "$said" ]; then echo "$instance: waiting for one of $slots restart slot(s) of its role"; said=1; fi
+    if [ -z "$said" ]; then
+      holder=$(etcd_value "${slot_prefix}0" 2>/dev/null) || holder=""
+      echo "$instance: waiting for one of $slots restart slot(s) of its role${holder:+ (held by $holder)}"
+      said=1
+    fi
     sleep 1
   done
 }
@@ -375,7 +397,6 @@ mkdir -p "$run_dir" "$log_dir"
 # A slot this instance holds from the delete in its old container, given back once it serves again.
 slot_key=""
 slot_held
-rollout_retry
 # Ranks on this node that the plan no longer has, from any instance: they hold ports and NPUs.
 unplanned=()
 for pidfile in "$run_dir"/prefill-*-r*.pid "$run_dir"/decode-*-r*.pid; do
@@ -423,9 +444,9 @@ fail() {  # fail MESSAGE: stop this node's ranks, tell the group, exit 1
   echo "$instance on $node: $1" >&2
   group_put failed "$1"
   stop_pidfiles "$grace" "${local_pidfiles[@]}"
-  # A serving instance that does not come back: the role's other restarts waiting for a slot stop.
+  # A serving instance that does not come back keeps its slot, and the role's other restarts
+  # waiting for one stop: the instance stays out of the proxy (it does not serve) until it runs again.
   if [ -n "$slot_key" ]; then rollout_failed_mark; fi
-  slot_release  # the instance stays out of the proxy: it does not serve
   exit 1
 }
 check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails the launch
@@ -955,4 +976,5 @@ if [ "$rollout" = 1 ]; then
     fail "not taken back by the proxy: left out of it (the next pulumi up, or heal, starts it again)"
   fi
 fi
+rollout_served
 slot_release
