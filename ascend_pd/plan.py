@@ -652,6 +652,17 @@ def run_dir_of(cfg: StackConfig) -> str:
 PROXY_LAUNCHER = "pd_proxy_launch.py"
 
 
+# etcd keys of a role's rolling restarts (ascend_pd/shell/rollout_lib.sh): its restart slots
+# <prefix>0 ... <prefix><maxUnavailable - 1>, each holding the restarting instance's name under a
+# lease, and <prefix>failed, the instance whose restart failed (the role's waiting restarts stop).
+ROLLOUT_KEY_PREFIX = "/ascend-pd/rollout"
+ROLLOUT_FAILED = "failed"
+
+
+def rollout_prefix(stack: str, role: str) -> str:
+    return f"{ROLLOUT_KEY_PREFIX}/{stack}/{role}/"
+
+
 def node_image(cfg: StackConfig, roles: Sequence[str]) -> str:
     """The image of a node's NPU container: that of the role it serves (a node serves at most one),
     else container.image (a node with only etcd or the proxy)."""

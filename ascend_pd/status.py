@@ -77,7 +77,7 @@ import urllib3.exceptions
 
 from . import term
 from .hang import ONE_SHOT_NOTE, Activity, HangTracker, InstanceVerdict, Observation
-from .plan import ROLES, Plan, Rank
+from .plan import ROLES, ROLLOUT_FAILED, ROLLOUT_KEY_PREFIX, Plan, Rank
 from .shell import pd_smoke
 
 WORKER_PREFIX = "/datasystem/cluster/"  # openYuanrong workers' registrations (leased keys)
@@ -352,6 +352,16 @@ class EtcdStatus:
 
 
 @dataclass(frozen=True)
+class RolloutStatus:
+    """A role's rolling restart as etcd records it (ascend_pd/shell/rollout_lib.sh): only roles
+    with one under way, or stopped."""
+
+    role: str
+    restarting: list[str]  # instances holding one of the role's restart slots
+    failed: Optional[str] = None  # whose restart failed: the role's waiting restarts stop
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     node: str
     address: str
@@ -417,6 +427,7 @@ class StatusReport:
     problems: list[Problem]
     instances: list[InstanceVerdict] = field(default_factory=list)
     hang_note: str = ""  # what this poll cannot know about hangs (one poll, no history)
+    rollout: list[RolloutStatus] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -761,6 +772,32 @@ def _check_registrations(plan: Plan, t: Timeouts) -> dict[str, str]:
     return out
 
 
+def _check_rollout(plan: Plan, t: Timeouts) -> list[RolloutStatus]:
+    """The restart slots and failure marks of the stack's roles (names escaped and shortened)."""
+    prefix = f"{ROLLOUT_KEY_PREFIX}/{plan.stack}/"
+    c = _etcd_client(plan, t)
+    try:
+        found = _etcd_call(lambda: c.get_prefix(prefix), "key range")
+    finally:
+        c.session.close()
+    held: dict[str, list[str]] = {r: [] for r in ROLES}
+    failed: dict[str, str] = {}
+    for value, meta in found:
+        key = meta.get("key")
+        if not isinstance(key, bytes) or not key.startswith(prefix.encode()):
+            raise _Failure(f"malformed key range answer from the etcd gateway: key {_field(repr(key), 60)} "
+                           f"is not under {prefix}")
+        role, _, slot = key[len(prefix):].decode(errors="replace").partition("/")
+        who = _field(value.decode(errors="replace") if isinstance(value, bytes) else str(value), 60)
+        if role not in held:
+            continue
+        if slot == ROLLOUT_FAILED:
+            failed[role] = who
+        else:
+            held[role].append(who)
+    return [RolloutStatus(r, sorted(held[r]), failed.get(r)) for r in ROLES if held[r] or r in failed]
+
+
 def _check_tcp(address: str, t: Timeouts) -> None:
     """A TCP connect to host:port (the worker speaks its own RPC, not HTTP)."""
     host, _, port = address.rpartition(":")
@@ -1014,6 +1051,7 @@ def collect_status(
         ("etcd", "health"): lambda: _check_etcd_health(plan, t),
         ("etcd", "members"): lambda: _check_etcd_members(plan, t),
         ("etcd", "workers"): lambda: _check_registrations(plan, t),
+        ("etcd", "rollout"): lambda: _check_rollout(plan, t),
         ("proxy", "healthcheck"): lambda: _check_proxy(plan, t),
     }
     if smoke:
@@ -1038,6 +1076,12 @@ def collect_status(
     for v in instances:
         if v.state in ("hung", "split"):  # dead ranks are problems of their own already
             problems.append(Problem(f"instance {v.instance}", f"broken ({v.state}): " + "; ".join(v.evidence)))
+    r_ok, r_val = results[("etcd", "rollout")]
+    rollout = r_val if r_ok else []  # etcd unreadable: its own row says so
+    for ro in rollout:
+        if ro.failed:
+            problems.append(Problem(f"{ro.role} rollout", f"stopped: the restart of {ro.failed} failed; the role's "
+                                    f"other restarts wait until it serves again (fix it, then pulumi up)"))
     proxy_status = _proxy_verdict(plan, results)
     if not proxy_status.ok:
         problems.append(Problem(f"proxy {plan.proxy.url}", proxy_status.reason))
@@ -1061,7 +1105,7 @@ def collect_status(
         workers=workers, unexpected_workers=unexpected, ranks=ranks,
         requests=_instance_requests(plan, ranks), proxy=proxy_status,
         smoke=smoke_status, since_start=since_start, interval=interval, problems=problems,
-        instances=instances, hang_note=hang_note,
+        instances=instances, hang_note=hang_note, rollout=rollout,
     )
 
 
@@ -1145,6 +1189,10 @@ def report_blocks(plan: Plan, rep: StatusReport) -> list[term.Block]:
     rows.append(("vLLM ranks", "ok" if n_ok == len(rep.ranks) else "FAIL",
                  f"{n_ok}/{len(rep.ranks)} healthy, serving {plan.cfg.model.served_name!r}"))
     out.append(term.Table(("COMPONENT", "STATE", "DETAIL"), rows))
+    for ro in rep.rollout:
+        out.append(f"rollout of {ro.role}: " + "; ".join(
+            ([f"restarting {', '.join(ro.restarting)} (restart slot held)"] if ro.restarting else [])
+            + ([f"STOPPED: the restart of {ro.failed} failed"] if ro.failed else [])))
 
     if rep.instances:
         out += ["", "INSTANCES (broken = a rank dead or hung, or ranks not in one DP group)"]

@@ -397,6 +397,59 @@ def test_proxy_wrong_counts_reported(live):
         start_proxy(plan, procs)
 
 
+def rollout_shell(plan, instance: str, calls: str, *, wait: bool = True):
+    """Run functions of the launches' rollout library (shell/rollout_lib.sh) against the live etcd,
+    with the parameters the launch scripts give it: (exit code, output), or the running process."""
+    from ascend_pd.plan import ROLLOUT_FAILED, rollout_prefix
+    from ascend_pd.shell import library, params
+    prefix = rollout_prefix(plan.stack, "prefill")
+    text = params(etcd_url=plan.etcd.client_url, instance=instance, slot_prefix=prefix,
+                  failed_key=prefix + ROLLOUT_FAILED, slots=1, slot_ttl_s=600, slot_timeout_s=4) \
+        + 'slot_key=""\n' + library("rollout_lib") + calls
+    proc = subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + text], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    if not wait:
+        return proc
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+@pytest.mark.integration
+def test_a_stopped_rollout_stops_waiting_restarts_and_is_reported_until_it_serves(live):
+    """A restart that fails keeps its slot and marks the role's rollout failed (the launches do it
+    with these very functions): a restart waiting for the slot gives up at once, one that starts
+    waiting later (the next `pulumi up`) waits its turn, and status reports it until it serves."""
+    plan, procs, workers, project = live
+    failing = plan.instances_of("prefill")[0].name
+    other = "prefill-1"  # another instance of the role (this small stack has one; the slots only see names)
+    assert rollout_shell(plan, failing, "slot_acquire restart\n") == (0, f"{failing}: restart slot 1 of 1\n")
+    try:
+        waiting = rollout_shell(plan, other, "slot_acquire delete\n", wait=False)
+        time.sleep(1.5)
+        assert waiting.poll() is None  # waits for the slot
+        t0 = time.monotonic()
+        rollout_shell(plan, failing, "rollout_failed_mark\n")
+        out, _ = waiting.communicate(timeout=10)
+        assert waiting.returncode == 1 and time.monotonic() - t0 < 3, out
+        assert f"the restart of {failing} failed: not restarting {other}, which keeps serving" in out
+        # A wait that begins after the mark is the run that retries the failed instance: it waits its
+        # turn (here until slot_timeout_s: the failed one never comes back), and then leaves its ranks be.
+        code, out = rollout_shell(plan, other, "slot_acquire delete\n")
+        assert code == 1 and f"(held by {failing})" in out and "not stopping it (it keeps serving)" in out, out
+
+        rep = collect_status(plan, timeouts=FAST, smoke=False)
+        assert [(r.role, r.restarting, r.failed) for r in rep.rollout] == [("prefill", [failing], failing)]
+        assert [p.component for p in rep.problems] == ["prefill rollout"]
+        assert f"the restart of {failing} failed" in rep.problems[0].reason
+        assert (f"rollout of prefill: restarting {failing} (restart slot held); STOPPED: the restart of {failing} "
+                "failed") in format_table(plan, rep)
+    finally:
+        code, out = rollout_shell(plan, failing, "slot_held\nrollout_served\nslot_release\n")
+    assert code == 0 and f"{failing}: serves again after its failed restart" in out
+    rep = collect_status(plan, timeouts=FAST, smoke=False)
+    assert rep.ok and rep.rollout == [], rep.problems
+
+
 @pytest.mark.integration
 def test_unreachable_node_in_plan(live, tmp_path):
     """The live stack plus a third node in the plan (a second decode instance on 127.0.2.4) where

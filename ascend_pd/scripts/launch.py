@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 
-from ..plan import UNSET_ENV, Instance, Plan
+from ..plan import ROLLOUT_FAILED, UNSET_ENV, Instance, Plan, rollout_prefix
 from ..valuetypes import BASH_SECONDS_MAX
 from ..shell import (CURL, LOG_TAIL, Script, background, fingerprint, header, library, managed_start, params, q,
                      source_env_files)
 
 POLL_S = 5
-ROLLOUT_KEY_PREFIX = "/ascend-pd/rollout"  # etcd prefix of each role's restart slots
 ROLLOUT_MARGIN_S = 60  # a restart slot's lease outlives stop + drain + ready by this
 # A slot taken by the delete in a replaced container is held through the container's replacement
 # too: the container's delete and create and its preparation steps (pip installs, patches), for
@@ -93,7 +92,8 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
         slots=ro.max_unavailable, slot_ttl_s=slot_ttl,
         # Every other instance of the role may go first, one slot-time each.
         slot_timeout_s=min(BASH_SECONDS_MAX, slot_ttl * max(1, -(-(same_role - 1) // ro.max_unavailable))),
-        slot_prefix=f"{ROLLOUT_KEY_PREFIX}/{plan.stack}/{instance.role}/",
+        slot_prefix=rollout_prefix(plan.stack, instance.role),
+        failed_key=rollout_prefix(plan.stack, instance.role) + ROLLOUT_FAILED,
         readd_timeout_s=READD_TIMEOUT_S,
         lead=int(node == instance.nodes[0]),
     )

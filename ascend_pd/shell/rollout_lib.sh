@@ -14,15 +14,17 @@
 # the first half of a replacement (a new image or container for its node) while the cluster serves.
 # It keeps its restart slot until the new container's launch has the instance back in the proxy,
 # so a role's containers are replaced one instance at a time. A restart that fails keeps its slot
-# and marks the role's rollout failed (`<slot_prefix>failed`): the instances waiting for a slot stop
-# there and keep serving, instead of going down one after another into the same failure. The next
-# launch of the failed instance clears the mark and, once it serves, gives the slot back.
+# and marks the role's rollout failed (`failed_key`): the instances waiting for a slot stop
+# there and keep serving, instead of going down one after another into the same failure. Once the
+# failed instance serves again (its launch in the next `pulumi up`), the mark goes and the slot is
+# given back.
 #
 # Parameters (set by the script before this library): proxy_url, proxy_type (prefill/decode),
 # the arrays local_endpoints (this node's ranks as host:port), endpoints (every rank of the
 # instance) and metrics_urls (their /metrics), lead (1 on the instance's first node),
-# spares (the role's other instances), retaint_s, drain_quiet_polls, drain_timeout_s, etcd_url, slot_prefix (etcd key prefix of the role's restart slots, ending in /),
-# slots (maxUnavailable), slot_ttl_s, slot_timeout_s, instance.
+# spares (the role's other instances), retaint_s, drain_quiet_polls, drain_timeout_s, etcd_url,
+# slot_prefix (etcd key prefix of the role's restart slots, ending in /), failed_key (the role's
+# failure mark), slots (maxUnavailable), slot_ttl_s, slot_timeout_s, instance.
 
 rollout_json() {  # rollout_json HOST:PORT...: the proxy's {"type", "instances"} body
   local out="" e
@@ -154,12 +156,12 @@ etcd_value() {  # etcd_value KEY: the key's value on stdout; 1 when it is not se
 }
 
 etcd_revision() {  # etcd's current revision (every write raises it)
-  etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" | grep -o '"revision":"[0-9]*"' | head -1 | cut -d'"' -f4
+  etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$failed_key")\"}" | grep -o '"revision":"[0-9]*"' | head -1 | cut -d'"' -f4
 }
 
 rollout_failed() {  # rollout_failed REVISION: the other instance whose restart failed since then, on stdout; 1 if none
   local answer rev who
-  answer=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}") || return 1
+  answer=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$failed_key")\"}") || return 1
   rev=$(printf '%s' "$answer" | grep -o '"mod_revision":"[0-9]*"' | cut -d'"' -f4) || return 1
   who=$(printf '%s' "$answer" | grep -o '"value":"[^"]*"' | cut -d'"' -f4 | base64 -d 2>/dev/null) || return 1
   [ -n "$who" ] && [ "$who" != "$instance" ] && [ "${rev:-0}" -gt "$1" ] && printf '%s' "$who"
@@ -168,12 +170,12 @@ rollout_failed() {  # rollout_failed REVISION: the other instance whose restart 
 rollout_failed_mark() {  # this instance's restart failed: the role's waiting restarts stop (for slot_ttl_s at most)
   local lease
   lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || return 0
-  etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
+  etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "$failed_key")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
 }
 
 rollout_served() {  # this instance serves again: its own failure mark no longer holds the role back
-  if [ "$(etcd_value "${slot_prefix}failed" 2>/dev/null)" = "$instance" ]; then
-    etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" >/dev/null || true
+  if [ "$(etcd_value "$failed_key" 2>/dev/null)" = "$instance" ]; then
+    etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "$failed_key")\"}" >/dev/null || true
     echo "$instance: serves again after its failed restart: the other instances of its role may restart"
   fi
   return 0
