@@ -18,6 +18,7 @@ slots=1
 slot_ttl_s=7740
 slot_timeout_s=7740
 slot_prefix=/ascend-pd/rollout/a2-8node/decode/
+failed_key=/ascend-pd/rollout/a2-8node/decode/failed
 readd_timeout_s=60
 lead=0
 endpoints=(192.0.2.20:7100 192.0.2.20:7101 192.0.2.20:7102 192.0.2.20:7103 192.0.2.20:7104 192.0.2.20:7105 192.0.2.20:7106 192.0.2.20:7107 192.0.2.21:7100 192.0.2.21:7101 192.0.2.21:7102 192.0.2.21:7103 192.0.2.21:7104 192.0.2.21:7105 192.0.2.21:7106 192.0.2.21:7107 192.0.2.22:7100 192.0.2.22:7101 192.0.2.22:7102 192.0.2.22:7103 192.0.2.22:7104 192.0.2.22:7105 192.0.2.22:7106 192.0.2.22:7107 192.0.2.23:7100 192.0.2.23:7101 192.0.2.23:7102 192.0.2.23:7103 192.0.2.23:7104 192.0.2.23:7105 192.0.2.23:7106 192.0.2.23:7107)
@@ -259,12 +260,12 @@ etcd_value() {  # etcd_value KEY: the key's value on stdout; 1 when it is not se
 }
 
 etcd_revision() {  # etcd's current revision (every write raises it)
-  etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" | grep -o '"revision":"[0-9]*"' | head -1 | cut -d'"' -f4
+  etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$failed_key")\"}" | grep -o '"revision":"[0-9]*"' | head -1 | cut -d'"' -f4
 }
 
 rollout_failed() {  # rollout_failed REVISION: the other instance whose restart failed since then, on stdout; 1 if none
   local answer rev who
-  answer=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}") || return 1
+  answer=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$failed_key")\"}") || return 1
   rev=$(printf '%s' "$answer" | grep -o '"mod_revision":"[0-9]*"' | cut -d'"' -f4) || return 1
   who=$(printf '%s' "$answer" | grep -o '"value":"[^"]*"' | cut -d'"' -f4 | base64 -d 2>/dev/null) || return 1
   [ -n "$who" ] && [ "$who" != "$instance" ] && [ "${rev:-0}" -gt "$1" ] && printf '%s' "$who"
@@ -273,12 +274,12 @@ rollout_failed() {  # rollout_failed REVISION: the other instance whose restart 
 rollout_failed_mark() {  # this instance's restart failed: the role's waiting restarts stop (for slot_ttl_s at most)
   local lease
   lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || return 0
-  etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
+  etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "$failed_key")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
 }
 
 rollout_served() {  # this instance serves again: its own failure mark no longer holds the role back
-  if [ "$(etcd_value "${slot_prefix}failed" 2>/dev/null)" = "$instance" ]; then
-    etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "${slot_prefix}failed")\"}" >/dev/null || true
+  if [ "$(etcd_value "$failed_key" 2>/dev/null)" = "$instance" ]; then
+    etcd_post /v3/kv/deleterange "{\"key\": \"$(slot_b64 "$failed_key")\"}" >/dev/null || true
     echo "$instance: serves again after its failed restart: the other instances of its role may restart"
   fi
   return 0
