@@ -326,9 +326,13 @@ def test_misbehaving_endpoints_are_bounded(name, tmp_path):
     write_stack(tmp_path / "control", "test", control_values)
     http, workers, _ = endpoints(plan)
     servers = [Hostile(http, sc.handler(plan)), Hostile(workers, accept_only())]
+    # A scenario of etcd answers alone leaves the ranks and the proxy well-behaved: their smoke check
+    # would then pass or not by the machine's load (two rounds of /metrics and a completion within
+    # 1 s), and the table and JSON runs, which must list the same problems, could disagree.
+    quiet = ("--no-smoke",) if sc.only and set(sc.expect) <= {"etcd", "workers"} else ()
     try:
-        table_run, json_run, control = run_clis([status_argv(project), status_argv(project, "--json"),
-                                                 status_argv(tmp_path / "control", "--json")])
+        table_run, json_run, control = run_clis([status_argv(project, *quiet), status_argv(project, "--json", *quiet),
+                                                 status_argv(tmp_path / "control", "--json", *quiet)])
     finally:
         for s in servers:
             s.close()
