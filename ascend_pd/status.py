@@ -752,49 +752,43 @@ def _check_etcd_members(plan: Plan, t: Timeouts) -> tuple[str, str, list[dict]]:
     return _field(version, 40), names.get(leader, _field(leader)) if leader not in ("", "0") else "", out
 
 
-def _check_registrations(plan: Plan, t: Timeouts) -> dict[str, str]:
-    """Registered worker address -> state (the value is `<timestamp>;<state>`), both escaped and
-    shortened for display."""
-    c = _etcd_client(plan, t)
-    try:
-        found = _etcd_call(lambda: c.get_prefix(WORKER_PREFIX), "key range")
-    finally:
-        c.session.close()
-    prefix = WORKER_PREFIX.encode()
-    out = {}
-    for value, meta in found:  # etcd3gw's list of (value, metadata) with both base64-decoded to bytes
-        key = meta.get("key")
-        if not isinstance(key, bytes) or not key.startswith(prefix):
-            raise _Failure(f"malformed key range answer from the etcd gateway: key {_field(repr(key), 60)} "
-                           f"is not under {WORKER_PREFIX}")
-        text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        out[_field(key[len(prefix):].decode(errors="replace"))] = _field(text.rsplit(";", 1)[-1], 40)
-    return out
-
-
-def _check_rollout(plan: Plan, t: Timeouts) -> list[RolloutStatus]:
-    """The restart slots and failure marks of the stack's roles (names escaped and shortened)."""
-    prefix = f"{ROLLOUT_KEY_PREFIX}/{plan.stack}/"
+def _etcd_prefix(plan: Plan, t: Timeouts, prefix: str) -> list[tuple[str, str]]:
+    """(key below `prefix`, value) of every key under it, as text (not yet escaped)."""
     c = _etcd_client(plan, t)
     try:
         found = _etcd_call(lambda: c.get_prefix(prefix), "key range")
     finally:
         c.session.close()
-    held: dict[str, list[str]] = {r: [] for r in ROLES}
-    failed: dict[str, str] = {}
-    for value, meta in found:
+    raw = prefix.encode()
+    out = []
+    for value, meta in found:  # etcd3gw's list of (value, metadata) with both base64-decoded to bytes
         key = meta.get("key")
-        if not isinstance(key, bytes) or not key.startswith(prefix.encode()):
+        if not isinstance(key, bytes) or not key.startswith(raw):
             raise _Failure(f"malformed key range answer from the etcd gateway: key {_field(repr(key), 60)} "
                            f"is not under {prefix}")
-        role, _, slot = key[len(prefix):].decode(errors="replace").partition("/")
-        who = _field(value.decode(errors="replace") if isinstance(value, bytes) else str(value), 60)
+        text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        out.append((key[len(raw):].decode(errors="replace"), text))
+    return out
+
+
+def _check_registrations(plan: Plan, t: Timeouts) -> dict[str, str]:
+    """Registered worker address -> state (the value is `<timestamp>;<state>`), both escaped and
+    shortened for display."""
+    return {_field(key): _field(text.rsplit(";", 1)[-1], 40) for key, text in _etcd_prefix(plan, t, WORKER_PREFIX)}
+
+
+def _check_rollout(plan: Plan, t: Timeouts) -> list[RolloutStatus]:
+    """The restart slots and failure marks of the stack's roles (names escaped and shortened)."""
+    held: dict[str, list[str]] = {r: [] for r in ROLES}
+    failed: dict[str, str] = {}
+    for key, text in _etcd_prefix(plan, t, f"{ROLLOUT_KEY_PREFIX}/{plan.stack}/"):
+        role, _, slot = key.partition("/")
         if role not in held:
             continue
         if slot == ROLLOUT_FAILED:
-            failed[role] = who
+            failed[role] = _field(text, 60)
         else:
-            held[role].append(who)
+            held[role].append(_field(text, 60))
     return [RolloutStatus(r, sorted(held[r]), failed.get(r)) for r in ROLES if held[r] or r in failed]
 
 

@@ -261,10 +261,6 @@ def show_launches(run: eh.Run) -> None:
             print(f"--- {s}\n{run.output.get(i, '')}{run.outcome.failed.get(i, '')}", end="")
 
 
-def prefill_nodes(dep: eh.Deployment) -> list[str]:
-    return [n for n in dep.cluster.nodes if n.startswith("p")]
-
-
 def test_prefill_image_change_replaces_one_instance_at_a_time(image_dep: eh.Deployment):
     dep = image_dep
     first = dep.up()
@@ -280,9 +276,11 @@ def test_prefill_image_change_replaces_one_instance_at_a_time(image_dep: eh.Depl
     line = load.report(f"prefill image change on a2-8node ({took:.0f} s for 4 instances)")
     show_launches(run)
     assert run.outcome.ok, run.failures()
-    prefill = prefill_nodes(dep)
+    prefill = role_nodes(dep.cluster, "prefill")
     assert run.names(REPLACE) >= {f"{n}-container" for n in prefill}
-    assert not any(s.name.startswith("d") for s in run.steps if s.acts), "a decode node was touched"
+    decode = role_nodes(dep.cluster, "decode")
+    assert not [s for s in run.steps if s.acts and any(s.name.startswith(n + "-") for n in decode)], \
+        "a decode node was touched"
     # One instance at a time: from its ranks' stop (the old delete's end) to its return (the new
     # launch's end), no two prefill instances are out together.
     out_of_service = sorted((run.span(DELETE_REPLACED, f"{n}-launch")[1], run.span(REPLACE, f"{n}-launch")[1], n)
@@ -306,7 +304,7 @@ def test_an_image_whose_ranks_do_not_start_stops_the_rollout_after_one_instance(
     (it kept its slot), then replaces the others one at a time."""
     dep = image_dep
     plan = dep.cluster.any_plan
-    prefill = prefill_nodes(dep)
+    prefill = role_nodes(dep.cluster, "prefill")
     before = eh.pids_of_ranks(dep)
     with Load(plan.proxy.url, plan.cfg.model.served_name) as load:
         time.sleep(2)

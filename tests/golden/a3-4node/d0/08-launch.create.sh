@@ -266,6 +266,10 @@ etcd_post() {  # etcd_post PATH JSON: etcd's JSON gateway; the answer on stdout
   curl --noproxy '*' -fsS -m 5 -X POST "$etcd_url$1" -d "$2" 2>/dev/null
 }
 
+etcd_lease() {  # a new lease of slot_ttl_s seconds: its ID on stdout
+  etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4
+}
+
 etcd_value() {  # etcd_value KEY: the key's value on stdout; 1 when it is not set (or etcd does not answer)
   local v
   v=$(etcd_post /v3/kv/range "{\"key\": \"$(slot_b64 "$1")\"}" | grep -o '"value":"[^"]*"' | cut -d'"' -f4) || return 1
@@ -286,7 +290,7 @@ rollout_failed() {  # rollout_failed REVISION: the other instance whose restart 
 
 rollout_failed_mark() {  # this instance's restart failed: the role's waiting restarts stop (for slot_ttl_s at most)
   local lease
-  lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || return 0
+  lease=$(etcd_lease) || return 0
   etcd_post /v3/kv/put "{\"key\": \"$(slot_b64 "$failed_key")\", \"value\": \"$(slot_b64 "$instance")\", \"lease\": \"$lease\"}" >/dev/null || true
 }
 
@@ -321,7 +325,7 @@ proxy_lists() {  # proxy_lists HOST:PORT...: 0 when the proxy answers and lists 
 slot_acquire() {  # slot_acquire restart|delete: hold one of the role's restart slots (shared by the nodes of this instance);
   # exit 1, touching nothing, when another instance's restart failed (and, for a delete, when no slot comes)
   local deadline=$((SECONDS + slot_timeout_s)) lease k key answer said="" who answered holder since
-  lease=$(etcd_post /v3/lease/grant "{\"TTL\": $slot_ttl_s}" | grep -o '"ID":"[0-9]*"' | cut -d'"' -f4) || lease=""
+  lease=$(etcd_lease) || lease=""
   if [ -z "$lease" ]; then echo "$instance: etcd $etcd_url does not answer: restarting without a slot" >&2; return 0; fi
   # Only a failure during this wait stops it: after a failed step Pulumi starts no new one, so an
   # older mark is from an earlier run, which this one retries; the failed instance keeps its slot
