@@ -1,25 +1,25 @@
-"""Read the seed guides (shared/seeds) as data: their launch commands, templates and proxy lists.
+"""The seed guides' facts as data: tests/seed_facts/<stack>.json, extracted once from the guides.
 
 The fidelity tests compare the plan against what the guides literally say, so a change to a stack
-file or to the plan that drops a seed flag or env var fails a test instead of a cluster.
+file or to the plan that drops a seed flag or env var fails a test instead of a cluster. The facts
+live in the repository (each group names its guide and section) so a plain clone runs the tests.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
+import json
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
-SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
-A2_SEED = SEEDS / "000_0a22b36af722bebe.txt"
-A3_SEED = SEEDS / "003_bf33d34a3622391c.txt"
+FACTS = Path(__file__).resolve().parent / "seed_facts"
 
 
 @dataclass
 class Template:
     env: dict[str, str]  # export NAME=VALUE lines before `vllm serve`
-    argv: list[str]  # `vllm serve ...` tokens, positional $N left as written
+    model: str  # `vllm serve MODEL`
+    flags: dict[str, str | dict | None]  # as written: positionals ($2..$7) kept, JSON as objects, None = bare
 
 
 @dataclass
@@ -28,62 +28,28 @@ class Launch:
     tp_size: int
     dp_size_local: int
     dp_rank_start: int
-    dp_address: str
+    dp_address: str  # a node placeholder: P0_IP, D1_IP
     dp_rpc_port: int
     vllm_start_port: int
 
 
-def _template(block: str) -> Template:
-    head, _, tail = block.partition("vllm serve ")
-    env = {m.group(1): m.group(2).strip('"') for m in re.finditer(r"export (\w+)=(\S+)", head)}
-    # A2 blocks are multi-line with `\` continuations; the A3 guide flattened them onto one line.
-    tokens = shlex.split("vllm serve " + tail.replace("\\\n", " ").replace(" \\ ", " "))
-    return Template(env=env, argv=tokens)
+@cache
+def facts(stack: str) -> dict:
+    """The stack's seed facts (`a2-8node` -> seed_facts/a2_8node.json)."""
+    return json.loads((FACTS / f"{stack.replace('-', '_')}.json").read_text())
 
 
-def templates(seed: Path) -> dict[str, Template]:
-    """{"prefill": Template, "decode": Template} from a guide's run_dp_template.sh blocks."""
-    text = seed.read_text()
-    if seed == A2_SEED:
-        p_start = text.index("P节点\n\nrun_dp_template.sh")
-        p_end = text.index("server.sh：P节点")
-        d_start = text.index("D节点\n\nrun_dp_template.sh")
-        d_end = text.index("server.sh：D节点")
-        blocks = {"prefill": text[p_start:p_end], "decode": text[d_start:d_end]}
-    else:
-        lines = text.splitlines()
-        p = next(i for i, line in enumerate(lines) if line.startswith("创建 Prefill 启动脚本"))
-        d = next(i for i, line in enumerate(lines) if line.startswith("创建 Decode 启动脚本"))
-        blocks = {"prefill": lines[p + 2], "decode": lines[d + 2]}
-    out = {}
-    for role, block in blocks.items():
-        # Keep only the vllm serve command itself: up to the closing quote of the last JSON argument.
-        serve = block[block.index("vllm serve ") :]
-        head = block[: block.index("vllm serve ")]
-        end = max(serve.rfind("}'"), serve.rfind('}"'))
-        tail_after = serve[end + 2 :]
-        # The A2 decode block has one more flag (--additional-config '{...}') after the kv config.
-        extra = re.match(r"\s*\\\s*(--[\w-]+\s+'[^']*')", tail_after)
-        serve = serve[: end + 2] + (" " + extra.group(1) if extra else "")
-        out[role] = _template(head + serve)
-    return out
+def templates(stack: str) -> dict[str, Template]:
+    """{"prefill": Template, "decode": Template} from the guide's run_dp_template.sh blocks."""
+    return {role: Template(env=t["env"], model=t["model"], flags=t["flags"])
+            for role, t in facts(stack)["templates"].items()}
 
 
-def launches(seed: Path) -> dict[str, list[Launch]]:
-    """The per-node `python launch_online_dp.py ...` commands, by role, in node order."""
-    text = seed.read_text()
-    found = []
-    for m in re.finditer(r"python launch_online_dp\.py ([^\n]+)", text):
-        args = shlex.split(m.group(1).replace("${", "<").replace("}", ">"))
-        kv = dict(zip(args[::2], args[1::2]))
-        found.append(Launch(
-            dp_size=int(kv["--dp-size"]), tp_size=int(kv["--tp-size"]),
-            dp_size_local=int(kv["--dp-size-local"]), dp_rank_start=int(kv["--dp-rank-start"]),
-            dp_address=kv["--dp-address"], dp_rpc_port=int(kv["--dp-rpc-port"]),
-            vllm_start_port=int(kv["--vllm-start-port"]),
-        ))
-    half = len(found) // 2  # both guides list the prefill nodes first, then the decode nodes
-    return {"prefill": found[:half], "decode": found[half:]}
+def launches(stack: str) -> dict[str, list[Launch]]:
+    """The per-node `python launch_online_dp.py ...` arguments, by role, in node order."""
+    fields = Launch.__dataclass_fields__
+    return {role: [Launch(**{k: v for k, v in node.items() if k in fields}) for node in group["nodes"]]
+            for role, group in facts(stack)["launches"].items()}
 
 
 def launch_online_dp(launch: Launch) -> list[dict]:
@@ -102,22 +68,12 @@ def launch_online_dp(launch: Launch) -> list[dict]:
     ]
 
 
-def proxy_lists(seed: Path) -> dict[str, list[str]]:
-    """The proxy.sh host/port lists, placeholders kept (`<P0_IP>` or `${P0_IP}` -> `P0_IP`)."""
-    text = seed.read_text()
-    start = text.index("load_balance_proxy_server_example.py \\")
-    block = text[start : start + 3000]
-    block = block[: block.index("&") if "&" in block else len(block)]
-    tokens = shlex.split(block.replace("\\\n", " ").replace(" \\ ", " ").replace("${", "<").replace("}", ">"))
-    out: dict[str, list[str]] = {}
-    key = None
-    for tok in tokens:
-        tok = tok.strip("<>")
-        if re.fullmatch(r"--[a-z-]+", tok):
-            key = tok[2:]
-            out[key] = []
-        elif key and re.fullmatch(r"[A-Z0-9]+_IP|[0-9.]+", tok):
-            out[key].append(tok)
-        elif key:
-            break  # end of the proxy command (redirect, prose)
-    return out
+def proxy_lists(stack: str) -> dict:
+    """proxy.sh's arguments: port, host and the host/port lists (hosts as node placeholders)."""
+    return facts(stack)["proxy"]
+
+
+def worker_flags(stack: str) -> dict[str, str | None]:
+    """run_yr_worker.sh's `dscli start ... -w` flags; dscli's own options (before -w) as `pre:-t`."""
+    worker = facts(stack)["worker"]
+    return {**worker["flags"], **{f"pre:{k}": v for k, v in worker["dscli"].items()}}
