@@ -510,14 +510,17 @@ def _port_collisions(cfg: StackConfig) -> list[Problem]:
 
 
 def _flag_args(flags: dict) -> list[str]:
+    """`--key value` per flag, in key order: the order of a stack file's `flags` map means nothing,
+    so reordering its keys changes no script and no fingerprint (restarts nothing). A JSON value's
+    keys are sorted for the same reason."""
     out: list[str] = []
-    for key, value in flags.items():
+    for key, value in sorted(flags.items()):
         if value is None or value is False:
             continue  # null/false drop a flag (e.g. a role removing a common one)
         if value is True:
             out.append(f"--{key}")
         elif isinstance(value, (dict, list)):
-            out += [f"--{key}", json.dumps(value, separators=(", ", ": "))]
+            out += [f"--{key}", json.dumps(value, separators=(", ", ": "), sort_keys=True)]
         else:
             out += [f"--{key}", str(value)]
     return out
@@ -556,7 +559,9 @@ def kv_transfer_config(cfg: StackConfig, role: str, instance: int, dp_rank: int)
 def _rank_env(cfg: StackConfig, role: str, node, devices: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
     r: Role = getattr(cfg, role)
     env: dict[str, str] = {}
-    for k, v in {**cfg.vllm.env, **r.env}.items():
+    # Key order: the stack file's order of `env` keys means nothing (values expand from the
+    # container's environment, never from each other), so it must not change a fingerprint.
+    for k, v in sorted({**cfg.vllm.env, **r.env}.items()):
         env[k] = str(v).lower() if isinstance(v, bool) else str(v)
     env.update({
         "HCCL_IF_IP": node.address,
@@ -637,7 +642,7 @@ def _worker(cfg: StackConfig, node, etcd: EtcdPlan) -> WorkerPlan:
         argv += ["--remote_h2d_device_ids", ",".join(str(d) for d in y.rh2d_device_ids)]
     if y.huge_tlb:
         argv += ["--enable_huge_tlb", "true"]
-    for k, v in y.flags.items():
+    for k, v in sorted(y.flags.items()):  # key order: as `_flag_args`
         argv += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
     return WorkerPlan(node=node.name, address=address, workdir=f"{cfg.state_dir}/{WORKER_SUBDIR}", argv=tuple(argv))
 

@@ -18,7 +18,8 @@ from ascend_pd.__main__ import main
 from ascend_pd.change import CHANGES, INVALID, NO_CHANGE, compare, exit_code, run
 from ascend_pd.change.compare import graph_of, plan_of
 from ascend_pd.change.effect import REPLACED, RESTART, ROLLING, STOP, AT_END
-from ascend_pd.change.report import as_json, markdown, text
+from ascend_pd.change.compare import FAILS, NOT_RUN
+from ascend_pd.change.report import MARKDOWN_BUDGET, as_json, markdown, service_lines, text, verdict
 from ascend_pd.change.scriptdiff import collapse, library_changes, library_texts, marker
 from ascend_pd.change.sources import Side, working_tree
 from ascend_pd.engine.model import DELETE, DELETE_REPLACED, REPLACE, UPDATE, execute, plan_up
@@ -97,7 +98,7 @@ def test_a_tuning_flag_on_decode_restarts_its_group_and_is_an_outage_of_decode_o
     assert decode.verdict == "outage" and decode.duration_s == MODEL_LOAD_S  # 1 instance, maxUnavailable 1
     assert role(change, "prefill").verdict == "unaffected"
     md = markdown(change)
-    assert md.count("<details><summary><b>") == 4  # one section per node that changes
+    assert md.count("<details><summary><b>") == 1  # the four nodes' identical changes, merged
     assert "+      --max-num-seqs 99 \\" in md and "-      --max-num-seqs 30 \\" in md
     assert "no decode instance serves" in md
 
@@ -267,8 +268,9 @@ def test_libraries_are_collapsed_and_a_changed_one_is_shown_once():
 def repo(tmp_path_factory):
     """A copy of the program in a git repository: the base commit, then a decode flag changed in a3-4node."""
     root = tmp_path_factory.mktemp("diff-repo")
-    for name in ("ascend_pd", "components"):
-        shutil.copytree(PROJECT_DIR / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("ascend_pd", "components"):  # `components` only while the program still has it there
+        if (PROJECT_DIR / name).is_dir():
+            shutil.copytree(PROJECT_DIR / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     for path in [PROJECT_DIR / "__main__.py", *PROJECT_DIR.glob("Pulumi*.yaml")]:
         shutil.copy(path, root)
 
@@ -292,7 +294,9 @@ def test_diff_report_runs_the_real_command_on_every_stack(repo, tmp_path, monkey
     code = diff_report.main(["--base", sha, "--out", str(out), "--python", sys.executable, "--project-dir", str(root)])
     assert code == 0
     comment = (out / "report.md").read_text()
-    assert "| `a2-8node` | no change |" in comment and "| `a3-4node` | changes |" in comment
+    assert "| `a2-8node` | no change |" in comment
+    # The table leads with each changed stack's verdict (the first line of its section).
+    assert "| `a3-4node` | changes: service: outage, about 20 min" in comment and "decode: unaffected" in comment
     assert "<details><summary><b>" in comment and "max-num-seqs 3" in comment
 
 
@@ -326,3 +330,150 @@ def test_the_command_line_exit_codes(repo, capsys):
     err = io.StringIO()
     assert run("a3-4node", project_dir=root, base="no-such-ref", out=io.StringIO(), err=err) == INVALID
     assert "no-such-ref" in err.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 22, item 6: where the report was wrong
+
+
+def strict_json(doc: str):
+    """JSON as the standard has it: no Infinity or NaN (Python's json accepts them by default)."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(doc, parse_constant=refuse)
+
+
+def test_a_decode_flag_as_a_pr_comment_is_short_and_leads_with_the_verdict():
+    """Was 69 KB (850 lines): four nodes' identical diffs, each with 24 fingerprint-only lines and the
+    same flag hunk 8 times. Now: merged, fingerprints dropped, repeats folded, verdict first."""
+    change = compare("a2-8node", base("a2-8node"),
+                     edited("a2-8node", "decode", lambda d: d["flags"].update({"max-num-seqs": 99})))
+    md = markdown(change)
+    assert len(md) < 10_000
+    first = md.splitlines()[0]
+    assert first.startswith("**service: outage") and "prefill: unaffected" in first and "decode: outage" in first
+    assert "endpoint unchanged" in first
+    assert "d0, d1, d2, d3: the same change on each (shown for d0)" in md
+    assert md.count("+      --max-num-seqs 99 \\") == 1 and "the same change 7 more time(s)" in md
+    assert not [line for line in md.splitlines() if line[:1] in "+-" and "running_with" in line]
+    assert "24 process fingerprint line(s) change" in md
+    assert "service (P/D as a whole): outage" in text(change)
+
+
+def test_a_markdown_report_always_fits_a_comment_and_points_to_the_full_report():
+    """A first deploy shows every script whole: capped, cut at whole sections, pointing elsewhere."""
+    change = compare("a2-8node", Side("empty", None), base("a2-8node"))
+    full = markdown(change, budget=None)
+    assert len(full) > MARKDOWN_BUDGET
+    for budget in (MARKDOWN_BUDGET, 8_000):
+        md = markdown(change, budget=budget)
+        assert len(md) <= budget
+        assert md.startswith("**service: starts")
+        assert "full-report.md" in md and "not shown here" in md
+        assert md.count("<details") == md.count("</details>") and md.count("```") % 2 == 0
+
+
+def test_a_node_renamed_without_former_names_will_fail_on_the_container_name():
+    """README and tests/integration/test_scenarios.py: docker refuses the second container of the
+    same name on the host; the run stops there, nothing stopped. Was: a completed run, decode outage."""
+    def rename(nodes):
+        nodes[7].update(name="d3x")
+
+    new = edited("a2-8node", "nodes", rename)
+    new.config["ascend-pd:decode"] = json.dumps({**json.loads(new.config["ascend-pd:decode"]),
+                                                 "nodes": ["d0", "d1", "d2", "d3x"]})
+    change = compare("a2-8node", base("a2-8node"), new)
+    first = verdict(change)
+    assert first.startswith("this run will fail: `d3x-container`") and "formerNames: [d3]" in first
+    assert [r.verdict for r in change.effect.roles] == ["unaffected", "unaffected"]
+    assert not [p for p in change.effect.processes if p.action in (STOP, RESTART)]
+    outcome = {s.name: s.outcome for s in change.steps}
+    assert outcome["d3x-container"] == FAILS
+    assert outcome["d3x-launch"] == outcome["d3-container"] == NOT_RUN
+    assert markdown(change).startswith("**this run will fail")
+    assert strict_json(as_json(change))["fails"]
+
+
+def test_a_rename_with_former_names_in_a_multi_node_group_has_a_finite_time_and_strict_json():
+    """Only d3's launch of the 4-node decode group updates: the unchanged launches are no gang members
+    (was: the gang waited for them forever, "about never", and the JSON held Infinity)."""
+    def rename(nodes):
+        nodes[7].update(name="d3x", formerNames=["d3"])
+
+    new = edited("a2-8node", "nodes", rename)
+    new.config["ascend-pd:decode"] = json.dumps({**json.loads(new.config["ascend-pd:decode"]),
+                                                 "nodes": ["d0", "d1", "d2", "d3x"]})
+    change = compare("a2-8node", base("a2-8node"), new)
+    assert not change.effect.timing.stalled and change.effect.up_s < MODEL_LOAD_S
+    assert "never" not in text(change)
+    doc = strict_json(as_json(change))
+    assert all(s["startS"] is not None for s in doc["steps"])
+    # A time the model cannot give is null, never Infinity.
+    import dataclasses
+    change.steps[0] = dataclasses.replace(change.steps[0], start_s=float("inf"))
+    change.effect.up_s = float("inf")
+    doc = strict_json(as_json(change))
+    assert doc["steps"][0]["startS"] is None and doc["upS"] is None
+
+
+def test_the_order_of_keys_in_flags_and_env_maps_changes_nothing():
+    def swap(section):
+        def edit(value):
+            items = list(value[section].items())
+            items[0], items[1] = items[1], items[0]
+            value[section] = dict(items)
+        return edit
+
+    for key, section in (("prefill", "flags"), ("decode", "flags"), ("vllm", "flags"), ("vllm", "env")):
+        new = edited("a2-8node", key, swap(section))
+        assert new.config != base("a2-8node").config
+        change = compare("a2-8node", base("a2-8node"), new)
+        assert exit_code(change) == NO_CHANGE, (key, section, [s.name for s in change.steps])
+
+
+def test_adding_the_ssh_key_secret_updates_every_command(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    shutil.copy(PROJECT_DIR / "Pulumi.yaml", project)
+    good = PROJECT_DIR / "Pulumi.a3-4node.yaml"
+    (project / "Pulumi.a3-4node.yaml").write_text(
+        good.read_text() + "  ascend-pd:sshPrivateKey:\n    secure: AAABAKx1c2VjcmV0a2V5\n")
+    out = io.StringIO()
+    assert run("a3-4node", project_dir=project, base_file=good, fmt="json", out=out, err=io.StringIO()) == CHANGES
+    doc = strict_json(out.getvalue())
+    commands = {r.name for r in graph_of("a3-4node", base("a3-4node").config).regs
+                if r.type == "command:remote:Command"}
+    assert {s["resource"] for s in doc["steps"]} == commands
+    assert {s["op"] for s in doc["steps"]} == {UPDATE} and all(s["why"] == ["connection"] for s in doc["steps"])
+    assert any("`ascend-pd:sshPrivateKey` is added" in n for n in doc["notes"])
+    assert doc["service"] == "keeps serving"
+
+
+def test_the_wording_of_model_path_flags_container_proxy_and_kv_pool_changes():
+    s = "a2-8node"
+    model = compare(s, base(s), edited(s, "model", lambda m: m.update(path="/weights/other/")))
+    assert "old and new model mixed meanwhile" in verdict(model)
+    assert any("prefill instances of one model hand their KV cache to decode instances of the other" in n
+               for n in model.effect.notes)
+
+    flags = compare(s, base(s), edited(s, "vllm", lambda v: v["flags"].update({"seed": 7})))
+    assert verdict(flags).startswith("service: outage")
+    assert "service (P/D as a whole): outage" in service_lines(flags)[0]
+
+    shm = compare(s, base(s), edited(s, "container", lambda c: c.update(shmSize="700g")))
+    container_note = next(n for n in shm.effect.notes if "NPU container is replaced" in n)
+    assert "pulled" not in container_note and "the image stays (no pull)" in container_note
+
+    moved = compare(s, base(s), edited(s, "proxy", lambda p: p.update(node="d0")))
+    assert not any("the proxy restarts" in n for n in moved.effect.notes)
+    assert "endpoint moves: `proxyUrl` http://192.0.2.10:" in verdict(moved)
+    assert any("`proxyUrl` (the clients' endpoint) changes" in n for n in moved.effect.notes)
+    assert verdict(moved).startswith("service: keeps serving")
+
+    for key, edit in (("etcd", lambda e: e.update(node="p1")), ("yuanrong", lambda y: y.update(sharedMemoryMb=1000))):
+        change = compare(s, base(s), edited(s, key, edit))
+        assert any("the KV cache pool is formed again" in n for n in change.effect.notes), key
+
+    # An outage of decode by updates (no replacement) never reads "replaced".
+    decode = compare(s, base(s), edited(s, "decode", lambda d: d["flags"].update({"max-num-seqs": 99})))
+    assert "replaced" not in next(line for line in service_lines(decode) if line.startswith("decode:"))

@@ -229,3 +229,24 @@ def test_no_replacement_forces_out_anothers_dependents(base, stack):
     assert forced
     for name, roots in forced.items():
         assert roots == {f"{name.split('-', 1)[0]}-container"}, (name, roots)
+
+
+def test_a_multi_node_group_of_which_one_launch_changes_is_no_stalled_gang(base):
+    """A rename (with `formerNames`) of one decode node updates that node's launch only: the group's
+    unchanged launches run no step and are no gang members, so the run finishes (it was "never":
+    the gang waited for members that never start)."""
+    def rename(nodes):
+        nodes[7].update(name="d3x", formerNames=["d3"])
+
+    raw = edited("a2-8node", "nodes", rename)
+    raw[f"{PROJECT}:decode"] = json.dumps({**json.loads(raw[f"{PROJECT}:decode"]), "nodes": ["d0", "d1", "d2", "d3x"]})
+    g = graph("a2-8node", raw)
+    steps = plan_up(base["a2-8node"].regs, g)
+    gangs = launch_gangs(steps, g)
+    assert all(steps[i].acts for gang in gangs for i in gang)
+    t = simulate(steps, step_seconds, parallel=16, gangs=gangs)
+    assert not t.stalled and t.makespan_s < float("inf")
+    # Even a gang handed a member that takes no time completes (it holds no slot to wait in).
+    sames = [i for i, s in enumerate(steps) if s.name.endswith("-launch") and not s.acts]
+    launch = next(i for i, s in enumerate(steps) if s.name == "d3x-launch")
+    assert not simulate(steps, step_seconds, parallel=16, gangs=[set(sames) | {launch}]).stalled

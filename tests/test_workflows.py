@@ -225,9 +225,10 @@ def test_report_of_changes_with_new_and_removed_stacks(project, tmp_path, monkey
         "new": [10, "new stack: everything is created\n", ""],
     })
     assert code == 0  # changes are not a failure
-    assert "| `a2` | changes |" in comment and "| `a3` | no change |" in comment
+    # A changed stack's row carries its verdict: the first line of `diff --format markdown`, unbolded.
+    assert "| `a2` | changes: **2 ranks restart** on `d0` |" in comment and "| `a3` | no change |" in comment
     assert "| `gone` | stack file removed |" in comment and "pulumi destroy --stack gone" in comment
-    assert "| `new` | changes |" in comment and "**2 ranks restart** on `d0`" in comment
+    assert "| `new` | changes: new stack: everything is created |" in comment and "**2 ranks restart** on `d0`" in comment
     assert comment.index("### `a2`") < comment.index("### `a3`") < comment.index("### `gone`") < comment.index("### `new`")
 
 

@@ -34,6 +34,7 @@ COMMENT_BUDGET = 60_000
 SUMMARY_BUDGET = 1_000_000  # $GITHUB_STEP_SUMMARY takes at most 1 MiB per step
 ERROR_TAIL_LINES = 60
 DEFAULT_TIMEOUT_S = 900
+VERDICT_CHARS = 600  # a stack's verdict line in the table at the top
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,18 @@ class Outcome:
             return "stack file removed"
         return {NO_CHANGE: "no change", CHANGES: "changes", INVALID: "invalid configuration"}.get(
             self.code, "`diff` failed" + (f" (exit {self.code})" if self.code is not None else " (timed out)"))
+
+    @property
+    def headline(self) -> str:
+        """The verdict `diff --format markdown` puts on its first line (service, roles, endpoint, a run
+        that will fail), for the table at the top of the comment; empty without changes."""
+        if self.code != CHANGES:
+            return ""
+        first = next((line for line in self.stdout.splitlines() if line.strip()), "").strip()
+        if first.startswith("**") and first.endswith("**") and first.count("**") == 2:
+            first = first[2:-2].strip()  # bold as a line of its own, plain in a table cell
+        first = first.replace("|", "\\|")
+        return first if len(first) <= VERDICT_CHARS else first[: VERDICT_CHARS - 1] + "…"
 
     @property
     def failed(self) -> bool:
@@ -132,7 +145,7 @@ def assemble(outcomes: list[Outcome], base: str, head: str | None, budget: int |
         return "\n".join(lines + [f"No change to any stack ({names}), against {against}."]) + "\n"
     lines += [f"`python -m ascend_pd diff` for every stack file, against {against}.", "",
               "| stack | result |", "|---|---|"]
-    lines += [f"| `{o.stack}` | {o.verdict} |" for o in outcomes]
+    lines += [f"| `{o.stack}` | {o.verdict}" + (f": {o.headline}" if o.headline else "") + " |" for o in outcomes]
     head_text = "\n".join(lines) + "\n"
     sections = [(f"### `{o.stack}`: {o.verdict}", section_body(o, base)) for o in outcomes]
     if budget is not None:
@@ -164,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     outcomes.sort(key=lambda o: o.stack)
 
     server, repo, run = (os.environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
-    where = f"[the run's summary]({server}/{repo}/actions/runs/{run})" if server and repo and run else "the run's summary"
+    run_url = f"{server}/{repo}/actions/runs/{run}" if server and repo and run else ""
+    where = (f"[the run's summary]({run_url}) and its artifact `ascend-pd-diff` (full-report.md)" if run_url
+             else "the run's summary and its artifact `ascend-pd-diff` (full-report.md)")
     args.out.mkdir(parents=True, exist_ok=True)
     full = assemble(outcomes, args.base, args.head, None, where)
     comment = assemble(outcomes, args.base, args.head, COMMENT_BUDGET, where)

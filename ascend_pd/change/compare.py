@@ -14,10 +14,11 @@ from ..errors import ConfigError
 from ..loader import load_config
 from ..plan import Plan, build_plan
 from .effect import Effect, analyse, node_of, scripts_by_resource
-from .scriptdiff import collapse, library_changes, library_texts, unified
+from .scriptdiff import collapse, drop_fingerprints, fold_repeats, library_changes, library_texts, unified
 from .sources import Side
 
 SHOWN_VALUE_CHARS = 160
+FAILS, NOT_RUN = "fails", "does not run"
 _GRAPHS: dict[str, Graph] = {}  # capture is deterministic: one run per (stack, config) per process
 
 
@@ -31,6 +32,7 @@ class StepView:
     why: tuple[str, ...]
     phase: str
     start_s: float
+    outcome: str = ""  # "" runs; FAILS: the model knows it fails; NOT_RUN: after a failure, never started
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,14 @@ class Change:
         return bool(self.steps)
 
 
-def graph_of(stack: str, config: dict[str, str]) -> Graph:
-    key = json.dumps([stack, sorted(config.items())])
+def graph_of(stack: str, config: dict[str, str], secrets: Optional[dict[str, str]] = None) -> Graph:
+    """The graph of `config`; `secrets` (key -> a stand-in for the encrypted value, the same for the
+    same ciphertext) are passed as the CLI passes secrets, so an added, removed or re-encrypted
+    secret changes the inputs that carry it (every Command's connection for `sshPrivateKey`)."""
+    secrets = dict(secrets or {})
+    key = json.dumps([stack, sorted(config.items()), sorted(secrets.items())])
     if key not in _GRAPHS:
-        _GRAPHS[key] = capture(config, stack=stack)
+        _GRAPHS[key] = capture({**config, **secrets}, stack=stack, secret_keys=list(secrets))
     return _GRAPHS[key]
 
 
@@ -101,6 +107,23 @@ def _inputs_changed(step: Step) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _secret_notes(base: Side, new: Side) -> list[str]:
+    out = []
+    for key in sorted(set(base.secrets) | set(new.secrets)):
+        was, now = base.secrets.get(key), new.secrets.get(key)
+        if was == now:
+            continue
+        what = "added" if was is None else "removed" if now is None else "encrypted anew (its ciphertext differs)"
+        text = (f"the secret `{key}` is {what}: the SSH connection of every Command carries it, so every Command is "
+                "updated and its create runs again on its node (the scripts are idempotent: processes whose command "
+                "is the same run on)")
+        if was is not None and now is not None:
+            text += ("; `diff` cannot decrypt secrets: if the key itself is the same (only encrypted again), "
+                     "`pulumi up` compares the plain values and changes nothing")
+        out.append(text)
+    return out
+
+
 def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] = lambda _: None) -> Change:
     change = Change(stack, base, new)
     if new.problem is not None:
@@ -123,15 +146,17 @@ def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] =
             change.base_problem = exc
         else:
             progress(f"rendering the base ({base.label}) under Pulumi mocks")
-            old_graph = graph_of(stack, base.config)
+            old_graph = graph_of(stack, base.config, base.secrets)
     progress("rendering the working tree under Pulumi mocks")
-    new_graph = graph_of(stack, new.config or {})
+    new_graph = graph_of(stack, new.config or {}, new.secrets)
     change.resources = len(new_graph.regs)
     change.parallel = new_plan.up_parallelism
     progress("planning `pulumi up` with the engine model")
     steps = plan_up(old_graph.regs if old_graph else [], new_graph)
     effect = analyse(steps, old_plan, new_plan, old_graph, new_graph)
     change.effect = effect
+    if old_graph is not None:
+        effect.notes[:0] = _secret_notes(base, new)
     old_scripts = scripts_by_resource(old_plan, old_graph)
     new_scripts = scripts_by_resource(new_plan, new_graph)
     timing = effect.timing
@@ -140,11 +165,18 @@ def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] =
     # so the same change gives the same report. A prerequisite that takes no time still sorts first
     # (it finishes at its start, before the dependent that starts then).
     acting.sort(key=lambda i: (timing.started_s[i], timing.finished_s[i], steps[i].name) if timing else (0, 0, i))
+    fail_at = min((timing.started_s[i] for i in acting if steps[i].name in effect.failing_steps), default=None) \
+        if timing else None
     for n, i in enumerate(acting, 1):
         s = steps[i]
         node = node_of(s, new_scripts if s.new is not None else old_scripts, new_plan if s.new is not None else old_plan)
+        outcome = ""
+        if s.name in effect.failing_steps and s.phase == "main":
+            outcome = FAILS
+        elif fail_at is not None and (s.phase != "main" or timing.started_s[i] > fail_at):
+            outcome = NOT_RUN
         change.steps.append(StepView(n, s.op, s.name, s.type, node, s.why, s.phase,
-                                     timing.started_s[i] if timing else 0.0))
+                                     timing.started_s[i] if timing else 0.0, outcome))
     libs = library_texts()
     found_old, found_new = [], []
     for i in acting:
@@ -164,9 +196,14 @@ def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] =
             change.scripts.append(ScriptChange(node, s.name, s.op, (), ("removed from the program: its delete runs "
                                                                        "at the end of the run",)))
             continue
-        change.scripts.append(ScriptChange(node, s.name, s.op, tuple(diff), _inputs_changed(s)))
+        diff, fingerprints = drop_fingerprints(diff)
+        inputs = _inputs_changed(s) if s.op != CREATE else ()
+        if fingerprints:
+            inputs += (f"{fingerprints} process fingerprint line(s) change with the commands they cover (not shown)",)
+        change.scripts.append(ScriptChange(node, s.name, s.op, tuple(fold_repeats(diff)), inputs))
     change.libraries = library_changes(found_old, found_new)
     return change
 
 
-__all__ = ["Change", "StepView", "ScriptChange", "compare", "graph_of", "plan_of", "DELETE", "REPLACE"]
+__all__ = ["Change", "StepView", "ScriptChange", "compare", "graph_of", "plan_of", "DELETE", "REPLACE", "FAILS",
+           "NOT_RUN"]

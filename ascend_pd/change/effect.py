@@ -16,11 +16,12 @@ The rules are the scripts' own:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from ..engine.capture import COMMAND, CONTAINER, Graph, plain
-from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE, Step, Timing, simulate
+from ..engine.capture import COMMAND, CONTAINER, IMAGE, Graph, Reg, plain
+from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, SAME, UPDATE, Step, Timing, simulate
 from ..engine.timing import KEPT_S, MODEL_LOAD_S, delete_seconds, launch_gangs, step_seconds
 from ..plan import Plan
 from ..scripts import node_scripts
@@ -81,6 +82,13 @@ class Effect:
     notes: list[str] = field(default_factory=list)
     timing: Optional[Timing] = None
     up_s: float = 0.0  # the whole `pulumi up`, engine model plus rolling restarts
+    # Why this run will fail, where the model knows it (a provider refuses a step): the processes
+    # and roles above are then what happens before the failure, and nothing after it runs.
+    fails: list[str] = field(default_factory=list)
+    failing_steps: tuple[str, ...] = ()  # the steps that fail (resource names)
+    fails_short: list[str] = field(default_factory=list)  # the same, for the report's first line
+    endpoint: Optional[tuple[str, str]] = None  # (old, new) `proxyUrl` when the clients' endpoint moves
+    mixed_models: bool = False  # `model.path` changes while a role keeps serving: old and new models meet
 
 
 def scripts_by_resource(plan: Optional[Plan], graph: Optional[Graph]) -> dict[str, Script]:
@@ -231,11 +239,74 @@ def _outage_window(role: str, old: Optional[Plan], steps: Sequence[Step], timing
     return max(last - first, MODEL_LOAD_S)
 
 
+def _host(reg: Reg, graphs: Sequence[Optional[Graph]], state: Mapping[str, Reg]) -> str:
+    """The docker host a container is created on: its provider's `host` input."""
+    urn = reg.provider.rsplit("::", 1)[0] if reg.provider else ""
+    provider = state.get(urn) or next((g.by_urn(urn) for g in graphs if g is not None and g.by_urn(urn)), None)
+    return str(plain(provider.inputs.get("host", ""))) if provider is not None else ""
+
+
+def _container_conflicts(steps: Sequence[Step], old_graph: Optional[Graph], new_graph: Graph
+                         ) -> list[tuple[int, str, str]]:
+    """Creates of a docker container whose name is still taken on its host when the create runs: an
+    old container of that name is deleted only at the end of the run (a node renamed without
+    `formerNames`: new resources beside the old). Docker refuses the create (`Conflict. The
+    container name ... is already in use`; tests/integration/test_scenarios.py runs it), and the
+    engine starts no step after a failure, so the deletes of the end never run either."""
+    state = {r.urn: r for r in (old_graph.regs if old_graph else ())}
+    late = {}
+    for s in steps:
+        if s.type == CONTAINER and s.phase == "final" and s.old is not None:
+            late[(_host(s.old, [old_graph], state), str(plain(s.old.inputs.get("name", ""))))] = s
+    out = []
+    for i, s in enumerate(steps):
+        if s.type != CONTAINER or s.phase != "main" or s.op not in (CREATE, REPLACE) or s.new is None:
+            continue
+        key = (_host(s.new, [new_graph, old_graph], state), str(plain(s.new.inputs.get("name", ""))))
+        old = late.get(key)
+        if old is None or (s.old is not None and s.old.urn == old.old.urn):
+            continue
+        node_new, node_old = s.name[: -len("-container")], old.name[: -len("-container")]
+        address = key[0].split("@", 1)[-1].rsplit(":", 1)[0] if key[0] else "the same host"
+        hint = (f"if `{node_new}` is `{node_old}` renamed, add `formerNames: [{node_old}]` to `{node_new}` in "
+                "`ascend-pd:nodes` and run `diff` again (its resources are then kept, not created anew)"
+                if s.name.endswith("-container") and old.name.endswith("-container") else
+                "give the new container another name, or remove the old one first")
+        short = (f"`{s.name}`: the container name `{key[1]}` is still in use on {address} ("
+                 + (f"add `formerNames: [{node_old}]` to node `{node_new}`" if "formerNames" in hint else "a name conflict")
+                 + ")")
+        out.append((i, short, f"`{s.name}` creates the container `{key[1]}` on {address} while `{old.name}` of the same "
+                       f"name there is deleted only at the end of the run: docker refuses the name (`Conflict. The "
+                       f"container name ... is already in use`), the run stops and nothing is stopped or deleted; "
+                       f"{hint}"))
+    return out
+
+
+def _before_failure(steps: Sequence[Step], failing: Sequence[int], timing: Timing) -> list[Step]:
+    """The steps that run in a run that fails at `failing`: the engine starts none after the first
+    failure (steps already running finish) and runs no delete of the end. The acting steps of the
+    rest become sames here (so they move no process)."""
+    if not failing:
+        return list(steps)
+    at = min(timing.started_s[i] for i in failing)
+    out = []
+    for i, s in enumerate(steps):
+        runs = s.phase == "main" and i not in failing and timing.started_s[i] <= at
+        out.append(s if runs or not s.acts else dataclasses.replace(s, op=SAME))
+    return out
+
+
 def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old_graph: Optional[Graph],
             new_graph: Graph) -> Effect:
     old = scripts_by_resource(old_plan, old_graph)
     new = scripts_by_resource(new_plan, new_graph)
     etcd_container = tuple(f"{p.etcd.node}-etcd-container" for p in (old_plan, new_plan) if p is not None)
+    all_steps = steps
+    conflicts = _container_conflicts(steps, old_graph, new_graph)
+    if conflicts:
+        first = simulate(steps, lambda s: delete_seconds(s) if s.op in (DELETE, DELETE_REPLACED) else step_seconds(s),
+                         parallel=new_plan.up_parallelism)
+        steps = _before_failure(steps, [i for i, _, _ in conflicts], first)
     processes = _drained_replacements(_worker_follows_etcd(_events(steps, old, new, etcd_container), steps, new))
     moved = {(p.node, p.name) for p in processes}
 
@@ -247,24 +318,63 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
             return delete_seconds(step)
         return step_seconds(step)
 
-    timing = simulate(steps, seconds, parallel=new_plan.up_parallelism, gangs=launch_gangs(steps, new_graph))
+    timing = simulate(all_steps, seconds, parallel=new_plan.up_parallelism, gangs=launch_gangs(all_steps, new_graph))
     roles = [_role(r, old_plan, new_plan, processes, steps, timing) for r in ROLES]
     notes = []
     containers = sorted(node_of(s, new, new_plan) for s in steps
                         if s.op == REPLACE and s.type == CONTAINER and s.name not in etcd_container)
+    pulled = {node_of(s, new, new_plan) for s in steps if s.acts and s.type == IMAGE and s.op in (CREATE, REPLACE)}
     if containers:
+        with_pull = [n for n in containers if n in pulled]
         notes.append(f"the NPU container is replaced on {', '.join(containers)}: everything in it stops first "
-                     "(its deletes), the new image is pulled before that while the old one still serves")
+                     "(its deletes)" + (f"; the new image is pulled on {', '.join(with_pull)} before that, while the "
+                                        "old container still serves" if with_pull else
+                                        "; the image stays (no pull): only the container's settings change"))
+    worker_restarts = sorted({p.node for p in processes if p.name == "worker" and p.action == RESTART})
+    all_nodes = [n.name for n in new_plan.nodes]
     if any(p.name == "etcd" and p.action == RESTART for p in processes):
-        stale = [n.name for n in new_plan.nodes if (n.name, "worker") not in moved]
-        notes.append("etcd restarts on an empty data dir: the KV cache pool is formed again"
+        stale = [n for n in all_nodes if (n, "worker") not in moved]
+        notes.append("etcd restarts on an empty data dir: the KV cache pool is formed again (cached KV blocks are "
+                     "lost: prefix-cache hits start cold)"
                      + (f"; the workers of {', '.join(stale)} do not re-run in this `up` and stay unregistered "
                         "until `ascend-pd:converge`" if stale else ""))
-    if any(p.name == "proxy" and p.action in (RESTART, STOP) for p in processes):
-        notes.append("the proxy restarts: no request is served for its restart (seconds)")
+    elif worker_restarts and set(worker_restarts) >= set(all_nodes):
+        notes.append("every openYuanrong worker restarts: the KV cache pool is formed again (cached KV blocks are "
+                     "lost: prefix-cache hits start cold)")
+    elif worker_restarts:
+        notes.append(f"the openYuanrong workers of {', '.join(worker_restarts)} restart: the KV cache blocks they "
+                     "held are lost (the pool serves on with the others)")
+    endpoint = None
+    if old_plan is not None and old_plan.proxy.url != new_plan.proxy.url:
+        endpoint = (old_plan.proxy.url, new_plan.proxy.url)
+    proxy = [p for p in processes if p.name == "proxy"]
+    if endpoint is not None and old_plan.proxy.node != new_plan.proxy.node:
+        notes.append(f"the proxy moves from {old_plan.proxy.node} to {new_plan.proxy.node}: the new one starts on "
+                     f"{new_plan.proxy.node} while the old one serves on until the end of the run; `proxyUrl` (the "
+                     f"clients' endpoint) changes from {endpoint[0]} to {endpoint[1]}: point the clients at the new "
+                     "one (the old one stops at the end of the run)")
+    elif any(p.action in (RESTART, STOP) for p in proxy):
+        notes.append("the proxy restarts: no request is served for its restart (seconds)"
+                     + (f"; `proxyUrl` (the clients' endpoint) changes from {endpoint[0]} to {endpoint[1]}"
+                        if endpoint else ""))
+    elif endpoint is not None:
+        notes.append(f"`proxyUrl` (the clients' endpoint) changes from {endpoint[0]} to {endpoint[1]}")
+    mixed = False
+    if old_plan is not None and old_plan.cfg.model.path != new_plan.cfg.model.path:
+        mixed = any(r.restarting and r.serving for r in roles)
+        if mixed:
+            notes.append("`model.path` changes while instances keep serving: during the rollout, prefill instances of "
+                         "one model hand their KV cache to decode instances of the other (and the other way round). "
+                         "Only weights of the same architecture and KV layout can work together; for another model, "
+                         "take the service down for the change (`rollout.maxUnavailable` >= the instances of each "
+                         "role) instead of rolling")
+    fails = [why for _, _, why in conflicts]
     rollout = max((r.duration_s for r in roles if r.rolling and r.restarting), default=0.0)
     up_s = max(timing.makespan_s, rollout)
-    return Effect(processes, roles, notes, timing, up_s)
+    if conflicts:
+        up_s = min(timing.started_s[i] for i, _, _ in conflicts)
+    return Effect(processes, roles, notes, timing, up_s, fails, tuple(all_steps[i].name for i, _, _ in conflicts),
+                  [short for _, short, _ in conflicts], endpoint, mixed)
 
 
 __all__ = ["Process", "RoleEffect", "Effect", "analyse", "scripts_by_resource", "node_of",

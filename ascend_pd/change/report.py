@@ -9,9 +9,17 @@ from collections import defaultdict
 from typing import Any
 
 from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE
-from .compare import Change
+from .compare import FAILS, NOT_RUN, Change, ScriptChange
 from ..term import Block, Table, plain
-from .effect import RESTART, START, STOP, Process
+from .effect import AT_END, REPLACED, RESTART, START, STOP, Process
+
+# GitHub refuses a comment over 65,536 characters: the markdown report stays under this, the rest
+# of it is in the full report (the CI artifact, or `diff --format text` locally).
+MARKDOWN_BUDGET = 60_000
+FULL_REPORT = ("the full report: the PR run's artifact `ascend-pd-diff` (full-report.md), or "
+               "`python -m ascend_pd diff --stack {stack} --base <base>` locally")
+MODEL_NOTE = ("engine model (ascend_pd/engine/), not yet compared with a real `pulumi up`: steps, order and "
+              "times are its estimates")
 
 CODE_NOTE = "program code: the working tree's on both sides (only the stack file differs)"
 OPS = {CREATE: "create", UPDATE: "update", REPLACE: "replace", DELETE_REPLACED: "delete (replaced)",
@@ -20,7 +28,7 @@ OPS = {CREATE: "create", UPDATE: "update", REPLACE: "replace", DELETE_REPLACED: 
 
 def _minutes(seconds: float) -> str:
     if seconds == float("inf"):
-        return "never (a DP group cannot start all its nodes at this --parallel)"
+        return "never (the model cannot finish this run: a DP group cannot start all its nodes at this --parallel)"
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min"
@@ -53,6 +61,51 @@ def headline(change: Change) -> str:
     return f"`{change.stack}`: {what} {against}; {CODE_NOTE}.{code_note(change)}"
 
 
+def _outage_s(change: Change) -> float:
+    return max((r.duration_s for r in change.effect.roles if r.verdict == "outage"), default=0.0)
+
+
+def _proxy_restarts(change: Change) -> bool:
+    return any(p.name == "proxy" and (p.action == RESTART or (p.action == STOP and p.how != AT_END))
+               for p in change.effect.processes)
+
+
+def service_verdict(change: Change) -> str:
+    """The whole service: P/D serves a request only while the proxy, a prefill and a decode instance do."""
+    roles = change.effect.roles
+    if all(r.verdict.startswith("starts") for r in roles):
+        return "starts (nothing served before)"
+    down = [r.role for r in roles if r.verdict == "outage"]
+    if down:
+        return (f"outage, about {_minutes(_outage_s(change))} (no request is served while no {' and no '.join(down)} "
+                "instance serves: every request needs a prefill and a decode instance)")
+    if _proxy_restarts(change):
+        return "interrupted for seconds (the proxy restarts)"
+    if any(r.restarting for r in roles):
+        return "keeps serving (rolling restarts)"
+    return "keeps serving"
+
+
+def verdict(change: Change) -> str:
+    """The first line of every report: will the run fail, is the service served, does the endpoint move."""
+    e = change.effect
+    parts = [f"service: {service_verdict(change)}"]
+    for r in e.roles:
+        v = r.verdict
+        if v == "outage":
+            v = f"outage, about {_minutes(r.duration_s)}"
+        elif r.restarting and r.serving:
+            v = f"{v}, about {_minutes(r.duration_s)}"
+        if r.restarting and r.serving and e.mixed_models:
+            v += ", old and new model mixed meanwhile"
+        parts.append(f"{r.role}: {v}")
+    parts.append(f"endpoint moves: `proxyUrl` {e.endpoint[0]} -> {e.endpoint[1]}" if e.endpoint
+                 else "endpoint unchanged")
+    if e.fails:
+        return f"this run will fail: {'; '.join(e.fails_short)}. Until it fails: {'; '.join(parts)}"
+    return "; ".join(parts)
+
+
 def _process_groups(processes: list[Process]) -> list[tuple[str, str, str, list[str]]]:
     """(action, how, node, names) with ranks of one node and action grouped together."""
     groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
@@ -77,7 +130,10 @@ def _ranks_text(names: list[str]) -> str:
 
 def service_lines(change: Change) -> list[str]:
     e = change.effect
-    lines = []
+    lines = [f"this run will fail: {why}" for why in e.fails]
+    if e.fails:
+        lines.append("what follows is what runs until it fails: the steps marked \"does not run\" never start")
+    lines.append(f"service (P/D as a whole): {service_verdict(change)}")
     for r in e.roles:
         verdict = r.verdict
         detail = ""
@@ -88,8 +144,12 @@ def service_lines(change: Change) -> list[str]:
                           if r.rolling else f": {len(r.restarting)} of {r.instances} instances restart at once, "
                           f"the others serve; about {_minutes(r.duration_s)}")
             else:
+                replaced = any(p.how == REPLACED for p in e.processes
+                               if p.kind == "rank" and p.name.startswith(r.role + "-"))
                 why = (f"{r.instances} instance(s), `rollout.maxUnavailable` {r.max_unavailable}" if r.rolling
-                       else "replaced: the old delete stops every instance first")
+                       else "replaced: the old delete stops every instance first" if replaced
+                       else "the launches' updates stop the old ranks and start the new ones, not drained one "
+                            "instance at a time")
                 detail = f": no {r.role} instance serves for about {_minutes(r.duration_s)} ({why})"
         if r.added:
             detail += f"; new: {', '.join(r.added)}"
@@ -105,8 +165,9 @@ def service_lines(change: Change) -> list[str]:
             lines.append(f"{kind}: " + "; ".join(f"{action} on {', '.join(sorted(nodes))} ({how})"
                                                  for (action, how), nodes in groups.items()))
     lines += e.notes
-    lines.append(f"`pulumi up --parallel {change.parallel}`: about {_minutes(e.up_s)} (engine model"
-                 + (", rolling restarts included" if e.up_s > (e.timing.makespan_s if e.timing else 0) else "") + ")")
+    until = "until it fails " if e.fails else ""
+    lines.append(f"`pulumi up --parallel {change.parallel}`: about {_minutes(e.up_s)} {until}({MODEL_NOTE}"
+                 + ("; rolling restarts included" if e.up_s > (e.timing.makespan_s if e.timing else 0) else "") + ")")
     return lines
 
 
@@ -126,8 +187,14 @@ WHY = {"create": "create script changed", "delete": "delete script changed", "tr
 
 
 def step_rows(change: Change) -> list[tuple[str, str, str, str, str]]:
-    return [(str(s.order), f"t+{_minutes(s.start_s)}" if s.phase == "main" else "end", OPS[s.op], s.name,
-             ", ".join(WHY.get(w, w) for w in s.why)) for s in change.steps]
+    def start(s) -> str:
+        if s.outcome == NOT_RUN:
+            return NOT_RUN
+        at = f"t+{_minutes(s.start_s)}" if s.phase == "main" else "end"
+        return f"{at}, FAILS" if s.outcome == FAILS else at
+
+    return [(str(s.order), start(s), OPS[s.op], s.name, ", ".join(WHY.get(w, w) for w in s.why))
+            for s in change.steps]
 
 
 def problems_text(change: Change) -> str:
@@ -137,13 +204,42 @@ def problems_text(change: Change) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def _signature(sc: ScriptChange, node: str) -> tuple:
+    """What a node's change of one resource is, without where it is: the resource's kind, the step,
+    the changed lines (no headers, line numbers or context) and the other inputs' changes."""
+    body, hunks = [], False
+    for line in sc.diff:
+        if line.startswith("@@"):
+            hunks = True
+        elif hunks and line[:1] in "+-":
+            body.append(line)
+    kind = sc.resource[len(node) + 1:] if node and sc.resource.startswith(node + "-") else sc.resource
+    return kind, sc.op, tuple(body), tuple(sc.inputs)
+
+
+def node_groups(change: Change) -> list[tuple[list[str], list[ScriptChange]]]:
+    """Nodes whose changes are the same (the same lines of the same scripts change: a flag of a role
+    on each of its nodes), merged: (nodes, the first node's changes)."""
+    by_node = _by_node(change)
+    groups: dict[tuple, list[str]] = {}
+    for node, items in by_node.items():
+        groups.setdefault(tuple(_signature(sc, node) for sc in items), []).append(node)
+    return [(nodes, by_node[nodes[0]]) for nodes in groups.values()]
+
+
+def _group_title(nodes: list[str]) -> str:
+    if len(nodes) == 1:
+        return nodes[0] or "(no node)"
+    return f"{', '.join(nodes)}: the same change on each (shown for {nodes[0]})"
+
+
 def text_blocks(change: Change) -> list[Block]:
     """The text report: lines and tables (rich on a terminal, aligned columns otherwise)."""
     if change.problems is not None:
         return [problems_text(change)]
     if not change.changed:
         return [headline(change)]
-    out: list[Block] = [headline(change), ""]
+    out: list[Block] = [verdict(change), "", headline(change), ""]
     if change.base_problem is not None:
         out += [f"the base is invalid, compared as not deployed: {change.base_problem}", ""]
     if change.base.config is None:
@@ -155,8 +251,8 @@ def text_blocks(change: Change) -> list[Block]:
                      title=f"steps ({len(change.steps)}, in the engine's order):"))
     for name, diff in change.libraries.items():
         out += ["", f"library {name} changed (embedded in every script that uses it):", *diff]
-    for node, items in _by_node(change).items():
-        out += ["", f"== {node or '(no node)'} =="]
+    for nodes, items in node_groups(change):
+        out += ["", f"== {_group_title(nodes)} =="]
         for sc in items:
             out.append(f"-- {OPS[sc.op]} {sc.resource}")
             out += [f"   {i}" for i in sc.inputs]
@@ -191,36 +287,83 @@ def _md_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
         "| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
 
 
-def markdown(change: Change) -> str:
+def _fit(blocks: list[tuple[str, list[str], list[str], bool]], budget: int, stack: str) -> list[str]:
+    """The blocks (name, lines, closing lines, may be cut) within `budget` characters, in order: a
+    block that does not fit is cut at a line (tables) or left out (a node's diffs); what is left
+    out is named in a last line that points to the full report."""
+    pointer = "*… {what} not shown here to fit a PR comment: " + FULL_REPORT.format(stack=stack) + ".*"
+    room = budget - len(pointer) - 400
+    out: list[str] = []
+    size, left_out = 0, []
+    for name, lines, closing, cuttable in blocks:
+        text_size = sum(len(x) + 1 for x in lines + closing)
+        if size + text_size <= room:
+            out += lines + closing
+            size += text_size
+            continue
+        if cuttable:
+            kept = []
+            for line in lines:
+                if size + len(line) + 1 + sum(len(x) + 1 for x in closing) > room:
+                    break
+                kept.append(line)
+                size += len(line) + 1
+            out += kept + closing
+            size += sum(len(x) + 1 for x in closing)
+            left_out.append(f"the rest of {name}")
+        else:
+            left_out.append(name)
+    if left_out:
+        shown = ", ".join(left_out[:12]) + (f" and {len(left_out) - 12} more" if len(left_out) > 12 else "")
+        out += [pointer.format(what=shown), ""]
+    return out
+
+
+def markdown(change: Change, budget: int = MARKDOWN_BUDGET) -> str:
+    """The PR comment's form: the verdict first, at most `budget` characters (None: no limit)."""
     if change.problems is not None:
         items = "\n".join(f"- `{p.setting}`: {p.message}. Fix: {p.fix}." for p in change.problems.problems)
         return f"`{change.stack}`: **invalid configuration** ({len(change.problems.problems)} problem(s)):\n\n{items}"
     if not change.changed:
         return headline(change)
-    out = [headline(change), ""]
+    head = [f"**{verdict(change)}**", "", headline(change), ""]
     if change.base_problem is not None:
-        out += [f"The base is invalid and is compared as not deployed: `{change.base_problem.problems[0]}`", ""]
+        head += [f"The base is invalid and is compared as not deployed: `{change.base_problem.problems[0]}`", ""]
     if change.base.config is None:
-        out += ["The stack file does not exist at the base: everything is created.", ""]
-    out += ["**Service**", ""] + [f"- {line}" for line in service_lines(change)] + [""]
+        head += ["The stack file does not exist at the base: everything is created.", ""]
+    head += ["**Service**", ""] + [f"- {line}" for line in service_lines(change)] + [""]
+    blocks: list[tuple[str, list[str], list[str], bool]] = [("the summary", head, [], True)]
     if change.effect.processes:
-        out += _md_table(("node", "action", "how", "what"), restart_rows(change)) + [""]
-    out += [f"<details><summary>Steps of <code>pulumi up</code> in the engine's order ({len(change.steps)})</summary>", ""]
-    out += _md_table(("#", "start", "op", "resource", "why"), step_rows(change)) + ["", "</details>", ""]
+        blocks.append(("the process table", _md_table(("node", "action", "how", "what"), restart_rows(change)),
+                       [""], True))
+    blocks.append(("the step table",
+                   [f"<details><summary>Steps of <code>pulumi up</code> in the engine's order ({len(change.steps)})"
+                    "</summary>", ""] + _md_table(("#", "start", "op", "resource", "why"), step_rows(change)),
+                   ["", "</details>", ""], True))
     for name, diff in change.libraries.items():
-        out += [f"<details><summary>library <code>{name}</code> changed (shown once)</summary>", "",
-                _fenced(diff), "", "</details>", ""]
-    for node, items in _by_node(change).items():
+        blocks.append((f"library {name}", [f"<details><summary>library <code>{name}</code> changed (shown once)"
+                                           "</summary>", "", _fenced(diff), "", "</details>", ""], [], False))
+    for nodes, items in node_groups(change):
         summary = ", ".join(f"{sc.resource} {OPS[sc.op]}" for sc in items)
-        out += [f"<details><summary><b>{node or '(no node)'}</b>: {summary}</summary>", ""]
+        lines = [f"<details><summary><b>{_group_title(nodes)}</b>: {summary}</summary>", ""]
         for sc in items:
-            out.append(f"`{sc.resource}` ({OPS[sc.op]})" + ("" if not sc.inputs else ": " + "; ".join(
+            lines.append(f"`{sc.resource}` ({OPS[sc.op]})" + ("" if not sc.inputs else ": " + "; ".join(
                 _md_cell(i) for i in sc.inputs)))
-            out.append("")
+            lines.append("")
             if sc.diff:
-                out += [_fenced(sc.diff), ""]
-        out += ["</details>", ""]
+                lines += [_fenced(sc.diff), ""]
+        lines += ["</details>", ""]
+        blocks.append((f"the scripts of {', '.join(nodes) or '(no node)'}", lines, [], False))
+    if budget is None:
+        out = [line for _, lines, closing, _ in blocks for line in lines + closing]
+    else:
+        out = _fit(blocks, budget, change.stack)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _finite(value: float) -> Any:
+    """JSON has no Infinity: a time the model cannot give (a stalled run) is null."""
+    return value if value not in (float("inf"), float("-inf")) and value == value else None
 
 
 def as_json(change: Change) -> str:
@@ -228,26 +371,36 @@ def as_json(change: Change) -> str:
                            "codeChanges": list(change.base.code_changes)}
     if change.problems is not None:
         doc["problems"] = [{"setting": p.setting, "message": p.message, "fix": p.fix} for p in change.problems.problems]
-        return json.dumps(doc, indent=2)
+        return json.dumps(doc, indent=2, allow_nan=False)
     doc["changed"] = change.changed
     doc["resources"] = change.resources
     if change.base_problem is not None:
         doc["baseProblems"] = [str(p) for p in change.base_problem.problems]
+    if change.effect is not None and change.changed:
+        e = change.effect
+        doc["verdict"] = verdict(change)
+        doc["service"] = service_verdict(change)
+        doc["fails"] = list(e.fails)
+        doc["endpoint"] = {"old": e.endpoint[0], "new": e.endpoint[1]} if e.endpoint else None
     doc["steps"] = [{"order": s.order, "op": s.op, "resource": s.name, "type": s.type, "node": s.node,
-                     "why": list(s.why), "phase": s.phase, "startS": s.start_s} for s in change.steps]
+                     "why": list(s.why), "phase": s.phase, "startS": _finite(s.start_s),
+                     "outcome": s.outcome or "runs"} for s in change.steps]
     if change.effect is not None and change.changed:
         e = change.effect
         doc["processes"] = [{"node": p.node, "process": p.name, "action": p.action, "how": p.how,
                              "resource": p.resource} for p in e.processes]
         doc["roles"] = [{"role": r.role, "verdict": r.verdict, "instances": r.instances, "before": r.before,
                          "restarting": list(r.restarting), "added": list(r.added), "removed": list(r.removed),
-                         "rolling": r.rolling, "serving": r.serving, "durationS": r.duration_s} for r in e.roles]
+                         "rolling": r.rolling, "serving": r.serving, "durationS": _finite(r.duration_s)}
+                        for r in e.roles]
         doc["notes"] = e.notes
-        doc["upS"] = e.up_s if e.up_s != float("inf") else None
+        doc["model"] = MODEL_NOTE
+        doc["upS"] = _finite(e.up_s)
     doc["scripts"] = [{"node": sc.node, "resource": sc.resource, "op": sc.op, "inputs": list(sc.inputs),
                        "diff": list(sc.diff)} for sc in change.scripts]
     doc["libraries"] = change.libraries
-    return json.dumps(doc, indent=2)
+    return json.dumps(doc, indent=2, allow_nan=False)
 
 
-__all__ = ["text", "text_blocks", "markdown", "as_json", "headline", "service_lines", "restart_rows", "step_rows", "CODE_NOTE"]
+__all__ = ["text", "text_blocks", "markdown", "as_json", "headline", "service_lines", "restart_rows", "step_rows", "CODE_NOTE",
+           "verdict", "service_verdict", "node_groups", "MARKDOWN_BUDGET"]

@@ -10,12 +10,16 @@ beside this one.)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
+from ..config import PROJECT, SECRET_KEYS
 from ..errors import ConfigError, Problem
 from ..loader import cli_config_map
 
@@ -36,6 +40,9 @@ class Side:
     problem: Optional[ConfigError] = None  # the file exists but is invalid
     # Program files that differ between the base and the working tree: not rendered at the base.
     code_changes: tuple[str, ...] = ()
+    # `ascend-pd:<secret key>` -> a stand-in for its encrypted value (`secure:` in the stack file;
+    # `diff` cannot decrypt it): the same ciphertext gives the same stand-in.
+    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _git(project_dir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -51,9 +58,25 @@ def _prefixed(raw: dict[str, str]) -> dict[str, str]:
     return {f"ascend-pd:{k}": v for k, v in raw.items()}
 
 
+def _secrets(stack: str, directory: Path) -> dict[str, str]:
+    """The secret keys the stack file sets (`{secure: CIPHERTEXT}`), each as a stand-in value."""
+    try:
+        doc = yaml.safe_load((directory / f"Pulumi.{stack}.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    section = doc.get("config") if isinstance(doc, dict) else None
+    out = {}
+    for key, value in (section or {}).items() if isinstance(section, dict) else ():
+        name = str(key).split(":", 1)[1] if str(key).startswith(f"{PROJECT}:") else None
+        if name in SECRET_KEYS and isinstance(value, dict) and set(value) == {"secure"}:
+            digest = hashlib.sha256(str(value["secure"]).encode()).hexdigest()[:16]
+            out[f"{PROJECT}:{name}"] = f"ascend-pd-diff-secret-{digest}"
+    return out
+
+
 def _read(stack: str, directory: Path, label: str) -> Side:
     try:
-        return Side(label, _prefixed(cli_config_map(stack, directory)))
+        return Side(label, _prefixed(cli_config_map(stack, directory)), secrets=_secrets(stack, directory))
     except ConfigError as exc:
         return Side(label, {}, exc)
 

@@ -397,7 +397,11 @@ def simulate(steps: Sequence[Step], duration: Callable[[Step], float], *, parall
     dur = [0.0 if not s.acts else float(duration(s)) for s in steps]
     gang_of: dict[int, frozenset[int]] = {}
     for g in gangs:
-        members = frozenset(g)
+        # Only steps that hold a slot can wait for each other: one that takes no time (or does
+        # nothing) is never started as a member, and a gang waiting for it would never complete.
+        members = frozenset(i for i in g if dur[i] > 0)
+        if len(members) < 2:
+            continue
         for i in members:
             gang_of[i] = members
 

@@ -38,7 +38,7 @@ KEPT_S = 5.0
 DELETE_S = 10.0
 WORKER_DELETE_S = 60.0
 
-# Name suffix of a Command -> its duration (see components/: `<node>-<suffix>`).
+# Name suffix of a Command -> its duration (see ascend_pd/components/: `<node>-<suffix>`).
 COMMAND_S = (
     ("-preflight", PREFLIGHT_S),
     ("-nr-hugepages", HUGEPAGES_S),
@@ -83,10 +83,12 @@ def step_seconds(step: Step, *, model_load_s: float = MODEL_LOAD_S) -> float:
 def launch_gangs(steps: Sequence[Step], graph: Graph) -> list[set[int]]:
     """The launch steps of each multi-node DP group (children of one VllmDpGroup). Only steps that
     start ranks: a delete of a launch whose group URN lives on (instances renumbered) runs in the
-    final phase, after the group's new launches, and is no member of the group."""
+    final phase, after the group's new launches, and is no member of the group; and a launch that
+    stays the same (no step runs: its ranks serve on, and the group's restarted ranks join them)
+    is no member either: it holds no slot and is never "started" for the gang to wait for."""
     by_parent: dict[str, set[int]] = {}
     for i, s in enumerate(steps):
-        if s.new is not None and s.reg.type == COMMAND and s.reg.name.endswith("-launch"):
+        if s.new is not None and s.acts and s.reg.type == COMMAND and s.reg.name.endswith("-launch"):
             parent = graph.by_urn(s.reg.parent)
             if parent is not None and parent.type == "ascend-pd:index:VllmDpGroup":
                 by_parent.setdefault(parent.urn, set()).add(i)

@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r0.pid 390f29297539ab37 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r1.pid 3aa9e3900874897c || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r2.pid 2c938d524d74737f || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r3.pid 2663be2f8fd437e2 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r4.pid 190d98a6a2655e38 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r5.pid 1c98506e7e1d75ec || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r6.pid 141c9f397337ef72 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r7.pid 8380d6a4080b7970 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,22 +463,22 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r0: DP rank 0/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r0.pid 390f29297539ab37 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r0.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -496,49 +496,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r0.pid 390f29297539ab37 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r0.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r0.pid 390f29297539ab37 $!
+  started /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac $!
 fi
 
 # decode-0-r1: DP rank 1/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 3aa9e3900874897c 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r1.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -556,49 +556,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 3aa9e3900874897c 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "1", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r1.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r1.pid 3aa9e3900874897c $!
+  started /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b $!
 fi
 
 # decode-0-r2: DP rank 2/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r2.pid 2c938d524d74737f 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r2.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -616,49 +616,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r2.pid 2c938d524d74737f 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "2", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r2.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r2.pid 2c938d524d74737f $!
+  started /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 $!
 fi
 
 # decode-0-r3: DP rank 3/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r3.pid 2663be2f8fd437e2 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r3.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -676,49 +676,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r3.pid 2663be2f8fd437e2 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "3", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r3.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r3.pid 2663be2f8fd437e2 $!
+  started /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 $!
 fi
 
 # decode-0-r4: DP rank 4/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r4.pid 190d98a6a2655e38 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r4.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -736,49 +736,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r4.pid 190d98a6a2655e38 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "4", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r4.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r4.pid 190d98a6a2655e38 $!
+  started /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 $!
 fi
 
 # decode-0-r5: DP rank 5/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r5.pid 1c98506e7e1d75ec 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r5.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -796,49 +796,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r5.pid 1c98506e7e1d75ec 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "5", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r5.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r5.pid 1c98506e7e1d75ec $!
+  started /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 $!
 fi
 
 # decode-0-r6: DP rank 6/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r6.pid 141c9f397337ef72 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r6.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -856,49 +856,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r6.pid 141c9f397337ef72 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "6", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r6.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r6.pid 141c9f397337ef72 $!
+  started /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 $!
 fi
 
 # decode-0-r7: DP rank 7/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r7.pid 8380d6a4080b7970 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r7.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -916,30 +916,30 @@ if needs_start /workspace/ascend-pd/run/decode-0-r7.pid 8380d6a4080b7970 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "7", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r7.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r7.pid 8380d6a4080b7970 $!
+  started /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r8.pid 295368e4aef29906 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r9.pid 812c9052e4a5ec72 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r10.pid 054a60c5748c92d3 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r11.pid 1981cfb3263eab8b || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r12.pid 78a77250f97cdec7 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r13.pid 6e79fb4feebfaa6c || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r14.pid 3195a05fe54f9a30 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r15.pid 9f2ebe6a7123cb1c || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,22 +463,22 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r8: DP rank 8/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r8.pid 295368e4aef29906 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r8.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -496,49 +496,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r8.pid 295368e4aef29906 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "8", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r8.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r8.pid 295368e4aef29906 $!
+  started /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 $!
 fi
 
 # decode-0-r9: DP rank 9/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r9.pid 812c9052e4a5ec72 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r9.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -556,49 +556,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r9.pid 812c9052e4a5ec72 60; the
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "9", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r9.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r9.pid 812c9052e4a5ec72 $!
+  started /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f $!
 fi
 
 # decode-0-r10: DP rank 10/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r10.pid 054a60c5748c92d3 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r10.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -616,49 +616,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r10.pid 054a60c5748c92d3 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "10", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r10.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r10.pid 054a60c5748c92d3 $!
+  started /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 $!
 fi
 
 # decode-0-r11: DP rank 11/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r11.pid 1981cfb3263eab8b 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r11.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -676,49 +676,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r11.pid 1981cfb3263eab8b 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "11", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r11.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r11.pid 1981cfb3263eab8b $!
+  started /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd $!
 fi
 
 # decode-0-r12: DP rank 12/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r12.pid 78a77250f97cdec7 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r12.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -736,49 +736,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r12.pid 78a77250f97cdec7 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "12", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r12.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r12.pid 78a77250f97cdec7 $!
+  started /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef $!
 fi
 
 # decode-0-r13: DP rank 13/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r13.pid 6e79fb4feebfaa6c 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r13.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -796,49 +796,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r13.pid 6e79fb4feebfaa6c 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "13", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r13.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r13.pid 6e79fb4feebfaa6c $!
+  started /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe $!
 fi
 
 # decode-0-r14: DP rank 14/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r14.pid 3195a05fe54f9a30 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r14.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -856,49 +856,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r14.pid 3195a05fe54f9a30 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "14", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r14.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r14.pid 3195a05fe54f9a30 $!
+  started /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 $!
 fi
 
 # decode-0-r15: DP rank 15/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r15.pid 9f2ebe6a7123cb1c 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r15.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -916,30 +916,30 @@ if needs_start /workspace/ascend-pd/run/decode-0-r15.pid 9f2ebe6a7123cb1c 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "15", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r15.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r15.pid 9f2ebe6a7123cb1c $!
+  started /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

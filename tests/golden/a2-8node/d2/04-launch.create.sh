@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r16.pid 75eaa2d45ceff410 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r17.pid 0e8ad78e5795bded || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r18.pid d3616b1fbc7cbbae || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r19.pid b62734e512a7304e || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r20.pid cbec7fa9672ccbde || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r21.pid abbb8c06768b7ab5 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r22.pid 4a7d95e35b35294f || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r23.pid 421bc31c88dda3f2 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,22 +463,22 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r16: DP rank 16/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r16.pid 75eaa2d45ceff410 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r16.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -496,49 +496,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r16.pid 75eaa2d45ceff410 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "16", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r16.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r16.pid 75eaa2d45ceff410 $!
+  started /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 $!
 fi
 
 # decode-0-r17: DP rank 17/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r17.pid 0e8ad78e5795bded 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r17.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -556,49 +556,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r17.pid 0e8ad78e5795bded 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "17", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r17.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r17.pid 0e8ad78e5795bded $!
+  started /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed $!
 fi
 
 # decode-0-r18: DP rank 18/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r18.pid d3616b1fbc7cbbae 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r18.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -616,49 +616,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r18.pid d3616b1fbc7cbbae 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "18", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r18.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r18.pid d3616b1fbc7cbbae $!
+  started /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 $!
 fi
 
 # decode-0-r19: DP rank 19/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r19.pid b62734e512a7304e 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r19.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -676,49 +676,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r19.pid b62734e512a7304e 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "19", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r19.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r19.pid b62734e512a7304e $!
+  started /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 $!
 fi
 
 # decode-0-r20: DP rank 20/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r20.pid cbec7fa9672ccbde 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r20.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -736,49 +736,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r20.pid cbec7fa9672ccbde 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "20", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r20.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r20.pid cbec7fa9672ccbde $!
+  started /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd $!
 fi
 
 # decode-0-r21: DP rank 21/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r21.pid abbb8c06768b7ab5 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r21.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -796,49 +796,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r21.pid abbb8c06768b7ab5 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "21", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r21.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r21.pid abbb8c06768b7ab5 $!
+  started /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e $!
 fi
 
 # decode-0-r22: DP rank 22/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r22.pid 4a7d95e35b35294f 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r22.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -856,49 +856,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r22.pid 4a7d95e35b35294f 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "22", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r22.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r22.pid 4a7d95e35b35294f $!
+  started /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 $!
 fi
 
 # decode-0-r23: DP rank 23/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r23.pid 421bc31c88dda3f2 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r23.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -916,30 +916,30 @@ if needs_start /workspace/ascend-pd/run/decode-0-r23.pid 421bc31c88dda3f2 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "23", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r23.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r23.pid 421bc31c88dda3f2 $!
+  started /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

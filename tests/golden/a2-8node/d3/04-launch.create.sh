@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r24.pid 4eaa13760a92b85e || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r25.pid 3f25f94fea674b37 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r26.pid 1ab9415e54225aec || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r27.pid b6a41d174d4e16e8 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r28.pid 10b1534049aa4477 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r29.pid d34ddc6253ebbc36 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r30.pid 217e715e709b865e || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r31.pid 65a7f4798e1b0ed5 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,22 +463,22 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r24: DP rank 24/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r24.pid 4eaa13760a92b85e 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r24.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -496,49 +496,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r24.pid 4eaa13760a92b85e 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "24", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r24.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r24.pid 4eaa13760a92b85e $!
+  started /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 $!
 fi
 
 # decode-0-r25: DP rank 25/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r25.pid 3f25f94fea674b37 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r25.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -556,49 +556,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r25.pid 3f25f94fea674b37 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "25", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r25.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r25.pid 3f25f94fea674b37 $!
+  started /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b $!
 fi
 
 # decode-0-r26: DP rank 26/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r26.pid 1ab9415e54225aec 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r26.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -616,49 +616,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r26.pid 1ab9415e54225aec 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "26", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r26.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r26.pid 1ab9415e54225aec $!
+  started /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b $!
 fi
 
 # decode-0-r27: DP rank 27/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r27.pid b6a41d174d4e16e8 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r27.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -676,49 +676,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r27.pid b6a41d174d4e16e8 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "27", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r27.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r27.pid b6a41d174d4e16e8 $!
+  started /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 $!
 fi
 
 # decode-0-r28: DP rank 28/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r28.pid 10b1534049aa4477 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r28.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -736,49 +736,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r28.pid 10b1534049aa4477 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "28", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r28.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r28.pid 10b1534049aa4477 $!
+  started /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 $!
 fi
 
 # decode-0-r29: DP rank 29/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r29.pid d34ddc6253ebbc36 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r29.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -796,49 +796,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r29.pid d34ddc6253ebbc36 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "29", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r29.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r29.pid d34ddc6253ebbc36 $!
+  started /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 $!
 fi
 
 # decode-0-r30: DP rank 30/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r30.pid 217e715e709b865e 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r30.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -856,49 +856,49 @@ if needs_start /workspace/ascend-pd/run/decode-0-r30.pid 217e715e709b865e 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "30", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r30.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r30.pid 217e715e709b865e $!
+  started /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f $!
 fi
 
 # decode-0-r31: DP rank 31/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r31.pid 65a7f4798e1b0ed5 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r31.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -916,30 +916,30 @@ if needs_start /workspace/ascend-pd/run/decode-0-r31.pid 65a7f4798e1b0ed5 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 1 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
+      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 60 \
       --max-num-seqs 30 \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
       --no-enable-prefix-caching \
-      --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
-      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "enable_static_kernel": false}, "enable_cpu_binding": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "31", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r31.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r31.pid 65a7f4798e1b0ed5 $!
+  started /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

@@ -395,8 +395,8 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/prefill-0-r0.pid 54c7276fefeb7319 || changed=1
-running_with /workspace/ascend-pd/run/prefill-0-r1.pid ae0b37299b2b188e || changed=1
+running_with /workspace/ascend-pd/run/prefill-0-r0.pid 14f6c9fe93270229 || changed=1
+running_with /workspace/ascend-pd/run/prefill-0-r1.pid ff401fabc4b543c2 || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -430,22 +430,22 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # prefill-0-r0: DP rank 0/2, devices 0,1,2,3, port 7100
-if needs_start /workspace/ascend-pd/run/prefill-0-r0.pid 54c7276fefeb7319 60; then
+if needs_start /workspace/ascend-pd/run/prefill-0-r0.pid 14f6c9fe93270229 60; then
   rotate_log /workspace/ascend-pd/logs/prefill-0-r0.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.10" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -463,49 +463,49 @@ if needs_start /workspace/ascend-pd/run/prefill-0-r0.pid 54c7276fefeb7319 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 4 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"enable_cpu_binding": true, "enable_shared_expert_dp": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --enable-prefix-caching \
+      --enforce-eager \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 8192 \
       --max-num-seqs 16 \
-      --enforce-eager \
-      --enable-prefix-caching \
-      --additional-config '{"enable_cpu_binding": true, "enable_shared_expert_dp": true}' \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "0", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_producer", "kv_port": "30000", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/prefill-0-r0.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/prefill-0-r0.pid 54c7276fefeb7319 $!
+  started /workspace/ascend-pd/run/prefill-0-r0.pid 14f6c9fe93270229 $!
 fi
 
 # prefill-0-r1: DP rank 1/2, devices 4,5,6,7, port 7101
-if needs_start /workspace/ascend-pd/run/prefill-0-r1.pid ae0b37299b2b188e 60; then
+if needs_start /workspace/ascend-pd/run/prefill-0-r1.pid ff401fabc4b543c2 60; then
   rotate_log /workspace/ascend-pd/logs/prefill-0-r1.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
-      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
-      HCCL_OP_EXPANSION_MODE="AIV" \
-      TASK_QUEUE_ENABLE="1" \
-      VLLM_RPC_TIMEOUT="3600000" \
-      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      HCCL_EXEC_TIMEOUT="204" \
-      HCCL_CONNECT_TIMEOUT="1200" \
-      OMP_PROC_BIND="false" \
-      OMP_NUM_THREADS="10" \
-      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
       HCCL_BUFFSIZE="1024" \
+      HCCL_CONNECT_TIMEOUT="1200" \
+      HCCL_EXEC_TIMEOUT="204" \
+      HCCL_OP_EXPANSION_MODE="AIV" \
+      LD_PRELOAD="/usr/lib/aarch64-linux-gnu/libjemalloc.so.2:${LD_PRELOAD:-}" \
+      OMP_NUM_THREADS="10" \
+      OMP_PROC_BIND="false" \
+      PYTORCH_NPU_ALLOC_CONF="expandable_segments:True" \
+      TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
+      VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
+      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.10" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -523,30 +523,30 @@ if needs_start /workspace/ascend-pd/run/prefill-0-r1.pid ae0b37299b2b188e 60; th
       --data-parallel-rpc-port 12321 \
       --tensor-parallel-size 4 \
       --served-model-name deepseek_v4 \
-      --enable-expert-parallel \
-      --seed 1024 \
-      --max-model-len 1048576 \
-      --block-size 128 \
+      --additional-config '{"enable_cpu_binding": true, "enable_shared_expert_dp": true}' \
       --async-scheduling \
-      --no-disable-hybrid-kv-cache-manager \
-      --trust-remote-code \
-      --gpu-memory-utilization 0.9 \
-      --quantization ascend \
-      --safetensors-load-strategy prefetch \
-      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
-      --tokenizer-mode deepseek_v4 \
-      --tool-call-parser deepseek_v4 \
+      --block-size 128 \
       --enable-auto-tool-choice \
-      --reasoning-parser deepseek_v4 \
-      --speculative-config '{"num_speculative_tokens": 1, "method": "mtp", "enforce_eager": true}' \
+      --enable-expert-parallel \
+      --enable-prefix-caching \
+      --enforce-eager \
+      --gpu-memory-utilization 0.9 \
+      --max-model-len 1048576 \
       --max-num-batched-tokens 8192 \
       --max-num-seqs 16 \
-      --enforce-eager \
-      --enable-prefix-caching \
-      --additional-config '{"enable_cpu_binding": true, "enable_shared_expert_dp": true}' \
+      --model-loader-extra-config '{"enable_multithread_load": "true", "num_threads": 128}' \
+      --no-disable-hybrid-kv-cache-manager \
+      --quantization ascend \
+      --reasoning-parser deepseek_v4 \
+      --safetensors-load-strategy prefetch \
+      --seed 1024 \
+      --speculative-config '{"enforce_eager": true, "method": "mtp", "num_speculative_tokens": 1}' \
+      --tokenizer-mode deepseek_v4 \
+      --tool-call-parser deepseek_v4 \
+      --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "0", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_producer", "kv_port": "30000", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/prefill-0-r1.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/prefill-0-r1.pid ae0b37299b2b188e $!
+  started /workspace/ascend-pd/run/prefill-0-r1.pid ff401fabc4b543c2 $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).
