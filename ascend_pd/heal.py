@@ -58,12 +58,16 @@ DEFAULT_WINDOW_S = 30 * 60
 BACKOFF_S = 10.0  # before the second restart within the window; doubled for each further one
 PROXY_TIMEOUT_S = 5.0
 ONE_REQUEST_TIMEOUT_S = 60.0  # = launch.ONE_REQUEST_TIMEOUT_S
-SCRIPT_MARGIN_S = 120
+SCRIPT_MARGIN_S = 120  # a script's own deadlines plus this bound its run
 # A rank that does not answer in time may only be slow (a loaded node): an instance broken only by
 # timeouts is polled once more, this much later, before it is restarted. Refused connections (nothing
 # listening) and hangs (judged over hang.seconds already) need no second look.
 CONFIRM_AFTER_S = 2.0
-MAX_EVIDENCE = 4  # reasons shown per instance (a dead 32-rank group has 32)  # a script's own deadlines plus this bound its run
+MAX_EVIDENCE = 4  # reasons shown per instance (a dead 32-rank group has 32)
+# A cycle's first poll has no history: a hang (requests running, counters flat for hang.seconds) is
+# invisible to it, and so to a one-shot heal. `--watch` judges hangs from its second cycle on.
+HANG_NOTE = ("hangs are not judged: one poll has no history (hung = requests running and the rank's counters "
+             "flat for hang.seconds); `heal --watch` judges them from its second cycle on")
 
 
 def ssh_runner(plan: Plan, *, identity_file: Optional[str] = None, known_hosts_file: Optional[str] = None,
@@ -159,6 +163,8 @@ class HealReport:
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)
     worker_restart_s: dict[str, float] = field(default_factory=dict)  # node -> seconds its worker's create took
+    etcd_ok: bool = True  # heal does not restart etcd: down, it is left broken
+    hangs_judged: bool = True  # False: this cycle's poll had no history (HANG_NOTE)
 
     @property
     def left_out(self) -> list[InstanceHeal]:
@@ -166,7 +172,13 @@ class HealReport:
 
     @property
     def ok(self) -> bool:
-        return all(h.outcome in ("healed", "planned") for h in self.instances) and not any(
+        """Exit 0 or 1: nothing broken, or everything broken healed. A dry run changes nothing, so
+        whatever it found broken is still broken."""
+        if not self.etcd_ok:
+            return False
+        if self.dry_run:
+            return not self.broken and not self.workers
+        return all(h.outcome == "healed" for h in self.instances) and not any(
             "restart failed" in w for w in self.workers)
 
     def text(self) -> str:
@@ -174,7 +186,8 @@ class HealReport:
         head = f"ascend-pd heal  stack {self.stack}  {when} UTC" + ("  (dry run: nothing changed)" if self.dry_run else "")
         lines = [head]
         if not self.broken and not self.workers:
-            lines.append("nothing broken")
+            found = "nothing broken" if self.etcd_ok else "etcd is down (see the note); nothing else found broken"
+            lines.append(found + ("" if self.hangs_judged else " that one poll can see (hangs: see the note)"))
         lines += [f"  note: {n}" for n in self.notes]
         for w in self.workers:
             lines.append(f"  worker {w}")
@@ -302,7 +315,8 @@ class Healer:
     def heal_once(self, *, dry_run: bool = False) -> HealReport:
         plan = self.plan
         status = self._poll()
-        rep = HealReport(plan.stack, status.polled_at, dry_run=dry_run)
+        rep = HealReport(plan.stack, status.polled_at, dry_run=dry_run, etcd_ok=status.etcd.ok,
+                         hangs_judged=not status.hang_note)
         why: dict[str, list[str]] = {v.instance: list(v.evidence) for v in status.instances if v.broken}
         # With etcd unreadable a worker's registration is unknown, not dead: restarting every worker
         # because etcd is down would empty the KV pool for nothing.
@@ -311,6 +325,8 @@ class Healer:
             rep.notes.append(f"etcd {status.etcd.endpoint}: {status.etcd.reason}: heal does not restart etcd "
                              "(a person or `pulumi up` with a new ascend-pd:converge does); workers are not judged "
                              "until it answers")
+        if status.hang_note:
+            rep.notes.append(HANG_NOTE)
         for w in dead_workers:
             inst = plan.instance_on(w.node)
             if inst is not None:

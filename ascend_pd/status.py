@@ -25,8 +25,16 @@ one timeout and never hangs the command):
   requests its ranks finished (`vllm:request_success_total`, finished_reason stop/length) or failed
   (abort/error), summed over its ranks.
 
-Everything expected that is missing or unhealthy becomes a `Problem(component, reason)`; the report
-is OK (exit code 0) only when there is none.
+Everything expected that is missing or unhealthy becomes a `Problem(component, reason, node)`; the
+report is OK (exit code 0) only when there is none. With `--watch`, a rank hung (hang.py: requests
+running, counters flat for hang.seconds, `/health` still 200) is not ok and is a problem of its own,
+like a dead one.
+
+Per node (`NodeStatus`), from the endpoints the plan puts on it (its ranks, its worker, etcd and the
+proxy if there): `unreachable` when every one of them failed its TCP connect (refused, no connection
+within the connect timeout, no route), else `fail` or `ok` by its components' problems. The report
+for people starts with this per-node summary and, unless verbose (-v), shows an unreachable node as
+one line in the problems and the rank table; `--json` always lists every problem with its node.
 
 KV cache hit rates (token counts from every rank's `/metrics`; the proxy has no `/metrics`)
 ----------------------------------------------------------------------------------------
@@ -76,7 +84,7 @@ import urllib3.connection
 import urllib3.exceptions
 
 from . import term
-from .hang import ONE_SHOT_NOTE, Activity, HangTracker, InstanceVerdict, Observation
+from .hang import DEAD, HUNG, ONE_SHOT_NOTE, SPLIT, Activity, HangTracker, InstanceVerdict, Observation
 from .plan import ROLES, ROLLOUT_FAILED, ROLLOUT_KEY_PREFIX, Plan, Rank
 from .shell import pd_smoke
 
@@ -97,6 +105,8 @@ MAX_BODY_BYTES = 1024 * 1024  # every other answer
 # values would overflow to inf.
 MAX_COUNTER = float(2 ** 63)
 MAX_THREADS = 256
+RANK_OK, RANK_FAIL, RANK_HUNG = "ok", "fail", "hung"  # RankStatus.state
+NODE_OK, NODE_FAIL, UNREACHABLE = "ok", "fail", "unreachable"  # NodeStatus.state
 
 LOCAL_HITS = "vllm:prefix_cache_hits_total"
 LOCAL_QUERIES = "vllm:prefix_cache_queries_total"
@@ -231,6 +241,7 @@ class Timeouts:
 class Problem:
     component: str
     reason: str
+    node: str = ""  # the node it is on ("" for the cluster or an instance): how problems fold per node
 
     def __str__(self) -> str:
         return f"{self.component}: {self.reason}"
@@ -349,6 +360,7 @@ class EtcdStatus:
     leader: Optional[str] = None
     members: list[dict] = field(default_factory=list)  # {name, client_urls, peer_urls}
     reason: str = ""
+    reachable: bool = True  # False: neither /health nor the member list got a TCP connection
 
 
 @dataclass(frozen=True)
@@ -365,7 +377,7 @@ class RolloutStatus:
 class WorkerStatus:
     node: str
     address: str
-    registered: bool
+    registered: Optional[bool]  # None: unknown (etcd unreadable)
     state: Optional[str]
     ok: bool
     reason: str = ""
@@ -388,6 +400,21 @@ class RankStatus:
     reason: str = ""
     requests: Optional[RequestCounters] = None
     activity: Optional[Activity] = None  # what hang detection reads (None: /metrics failed)
+    state: str = RANK_OK  # ok, fail (a check failed), hung (answers /health, engine stuck: --watch)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A node of the plan, judged by the endpoints on it (its ranks, its worker, etcd and the proxy if
+    there): `unreachable` when every one of them failed its TCP connect (refused, timed out, no
+    route), `fail` when a component on it has a problem, else `ok`."""
+
+    node: str
+    address: str
+    runs: str  # what the plan runs there: "2 ranks, worker, etcd, proxy"
+    state: str
+    problems: int = 0  # problems of its components (Problem.node)
+    reason: str = ""  # unreachable: how its connections failed
 
 
 @dataclass(frozen=True)
@@ -428,6 +455,7 @@ class StatusReport:
     instances: list[InstanceVerdict] = field(default_factory=list)
     hang_note: str = ""  # what this poll cannot know about hangs (one poll, no history)
     rollout: list[RolloutStatus] = field(default_factory=list)
+    nodes: list[NodeStatus] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -437,9 +465,17 @@ class StatusReport:
     def exit_code(self) -> int:
         return 0 if self.ok else 1
 
+    @property
+    def workers_registered(self) -> Optional[int]:
+        """Planned workers registered in etcd; None when etcd could not be read (unknown, not 0)."""
+        if any(w.registered is None for w in self.workers):
+            return None
+        return sum(bool(w.registered) for w in self.workers)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ok"] = self.ok
+        d["workers_registered"] = self.workers_registered
         d["polled_at"] = datetime.fromtimestamp(self.polled_at, timezone.utc).isoformat(timespec="seconds")
         return d
 
@@ -452,15 +488,35 @@ class _Failure(Exception):
     """A check failed; the message is the reason shown to the operator."""
 
 
+# The reasons of a TCP connect that failed: nothing on that address accepted a connection at all (an
+# endpoint that accepted one and then misbehaved is reachable). A node whose every endpoint failed
+# this way is `unreachable` (NodeStatus).
+REFUSED = "connection refused (nothing listening)"
+NO_ROUTE = "no route to host"
+_NO_CONNECTION = "no TCP connection within "
+_CANNOT_CONNECT = "cannot connect: "  # _check_tcp's other OSErrors (network unreachable, ...)
+_UNREACHABLE_REASONS = (REFUSED, _NO_CONNECTION, NO_ROUTE, _CANNOT_CONNECT)
+
+
+def _no_connection(t: Timeouts) -> str:
+    return f"{_NO_CONNECTION}{t.connect_s:g}s (node down or blackholed)"
+
+
+def _unreachable(result: tuple[bool, object]) -> bool:
+    """Whether a poll result (ok, value or reason) is a failed TCP connect."""
+    ok, value = result
+    return not ok and isinstance(value, str) and value.startswith(_UNREACHABLE_REASONS)
+
+
 def _connection_reason(text: str, t: Timeouts) -> str:
     if "Connection refused" in text:
-        return "connection refused (nothing listening)"
+        return REFUSED
     if "connect timeout" in text or "ConnectTimeout" in text:
-        return f"no TCP connection within {t.connect_s:g}s (node down or blackholed)"
+        return _no_connection(t)
     if "Read timed out" in text:
         return f"no answer within {t.request_s:g}s"
     if "No route to host" in text or "unreachable" in text:
-        return "no route to host"
+        return NO_ROUTE
     if "RemoteDisconnected" in text:
         return "connection closed without an answer"
     if "BadStatusLine" in text or "LineTooLong" in text or "got more than" in text:
@@ -473,7 +529,7 @@ def _why(exc: BaseException, t: Timeouts) -> str:
     if isinstance(exc, _Failure):
         return _printable(str(exc))
     if isinstance(exc, requests.exceptions.ConnectTimeout):
-        return f"no TCP connection within {t.connect_s:g}s (node down or blackholed)"
+        return _no_connection(t)
     if isinstance(exc, requests.exceptions.ReadTimeout):
         return f"no answer within {t.request_s:g}s"
     if isinstance(exc, requests.exceptions.ConnectionError):
@@ -798,11 +854,11 @@ def _check_tcp(address: str, t: Timeouts) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=t.connect_s).close()
     except ConnectionRefusedError:
-        raise _Failure("connection refused (nothing listening)") from None
+        raise _Failure(REFUSED) from None
     except (socket.timeout, TimeoutError):
-        raise _Failure(f"no TCP connection within {t.connect_s:g}s (node down or blackholed)") from None
+        raise _Failure(_no_connection(t)) from None
     except OSError as exc:
-        raise _Failure(f"cannot connect: {exc.strerror or exc}") from None
+        raise _Failure(f"{_CANNOT_CONNECT}{exc.strerror or exc}") from None
 
 
 def _check_rank_health(r: Rank, t: Timeouts) -> None:
@@ -950,16 +1006,33 @@ def _etcd_verdict(plan: Plan, results: dict) -> EtcdStatus:
     if m_ok and not leader:
         reasons.append("no leader")
     return EtcdStatus(endpoint=plan.etcd.endpoint, ok=not reasons, healthy=h_ok, version=version,
-                      leader=leader or None, members=members, reason="; ".join(reasons))
+                      leader=leader or None, members=members, reason="; ".join(reasons),
+                      reachable=not (_unreachable((h_ok, h_val)) and _unreachable((m_ok, m_val))))
+
+
+def _unknown_registrations(plan: Plan, results: dict) -> tuple[list[WorkerStatus], list[str], list[Problem]]:
+    """etcd unreadable: no registration is known (None, not False); a worker's own port still tells
+    whether it runs. (heal reads the reason's prefix: it restarts no worker on an unknown registration.)"""
+    w_ok, w_val = results[("etcd", "workers")]
+    reason = f"registrations unknown: etcd {plan.etcd.endpoint} unreadable ({w_val})"
+    # On etcd's node when etcd took no connection: folded with that node when all of it is down.
+    problems = [Problem("openYuanrong workers", reason, plan.etcd.node if _unreachable((w_ok, w_val)) else "")]
+    workers = []
+    for w in plan.workers:
+        port_ok, port_why = results[("worker", w.address)]
+        why = reason if port_ok else f"{reason}; its port: {port_why}"
+        workers.append(WorkerStatus(w.node, w.address, None, None, False, why))
+        if not port_ok:
+            problems.append(Problem(f"worker {w.node} {w.address}", f"registration unknown; its port: {port_why}",
+                                    w.node))
+    return workers, [], problems
 
 
 def _worker_verdicts(plan: Plan, results: dict) -> tuple[list[WorkerStatus], list[str], list[Problem]]:
     w_ok, w_val = results[("etcd", "workers")]
     endpoint = plan.etcd.endpoint
     if not w_ok:
-        reason = f"registrations unknown: etcd {endpoint} unreadable ({w_val})"
-        return ([WorkerStatus(w.node, w.address, False, None, False, reason) for w in plan.workers], [],
-                [Problem("openYuanrong workers", reason)])
+        return _unknown_registrations(plan, results)
     registered: dict[str, str] = w_val
     workers, problems = [], []
     for w in plan.workers:
@@ -977,7 +1050,7 @@ def _worker_verdicts(plan: Plan, results: dict) -> tuple[list[WorkerStatus], lis
             ws = WorkerStatus(w.node, w.address, True, state, True)
         workers.append(ws)
         if not ws.ok:
-            problems.append(Problem(f"worker {w.node} {w.address}", ws.reason))
+            problems.append(Problem(f"worker {w.node} {w.address}", ws.reason, w.node))
     planned = {w.address for w in plan.workers}
     return workers, sorted(a for a in registered if a not in planned), problems
 
@@ -996,7 +1069,42 @@ def _rank_verdict(plan: Plan, r: Rank, results: dict) -> RankStatus:
     return RankStatus(name=r.name, role=r.role, instance=r.instance, dp_rank=r.dp_rank, node=r.node,
                       url=f"http://{r.address}:{r.port}", health=hok, model_listed=listed, models=models,
                       metrics=xok, counters=xv[0] if xok else None, ok=not why, reason="; ".join(why),
-                      requests=xv[1] if xok else None, activity=xv[2] if xok else None)
+                      requests=xv[1] if xok else None, activity=xv[2] if xok else None,
+                      state=RANK_FAIL if why else RANK_OK)
+
+
+RANK_CHECKS = ("health", "models", "metrics")
+
+
+def _node_endpoints(plan: Plan, node: str) -> list[tuple[str, list[tuple]]]:
+    """(kind, the poll's job keys) of every endpoint the plan puts on `node`."""
+    eps = [("rank", [("rank", r.name, k) for k in RANK_CHECKS]) for r in plan.ranks if r.node == node]
+    eps += [("worker", [("worker", w.address)]) for w in plan.workers if w.node == node]
+    if plan.etcd.node == node:
+        eps.append(("etcd", [("etcd", "health"), ("etcd", "members")]))
+    if plan.proxy.node == node:
+        eps.append(("proxy", [("proxy", "healthcheck")]))
+    return eps
+
+
+def _runs(kinds: list[str]) -> str:
+    """"2 ranks, worker, etcd, proxy" from the kinds of a node's endpoints."""
+    n = kinds.count("rank")
+    return ", ".join(([f"{n} rank{'' if n == 1 else 's'}"] if n else []) + [k for k in kinds if k != "rank"])
+
+
+def _node_verdicts(plan: Plan, results: dict, problems: list[Problem]) -> list[NodeStatus]:
+    out = []
+    for n in plan.nodes:
+        eps = _node_endpoints(plan, n.name)
+        keys = [k for _, ks in eps for k in ks]
+        runs, count = _runs([kind for kind, _ in eps]), sum(p.node == n.name for p in problems)
+        if keys and all(_unreachable(results[k]) for k in keys):
+            how = "; ".join(dict.fromkeys(results[k][1] for k in keys))  # each distinct reason once
+            out.append(NodeStatus(n.name, n.address, runs, UNREACHABLE, count, how))
+        else:
+            out.append(NodeStatus(n.name, n.address, runs, NODE_FAIL if count else NODE_OK, count))
+    return out
 
 
 def _instance_requests(plan: Plan, ranks: list[RankStatus]) -> list[InstanceRequests]:
@@ -1061,14 +1169,15 @@ def collect_status(
     problems: list[Problem] = []
     etcd_status = _etcd_verdict(plan, results)
     if not etcd_status.ok:
-        problems.append(Problem(f"etcd {etcd_status.endpoint}", etcd_status.reason))
+        problems.append(Problem(f"etcd {etcd_status.endpoint}", etcd_status.reason, plan.etcd.node))
     workers, unexpected, worker_problems = _worker_verdicts(plan, results)
     problems += worker_problems
     ranks = [_rank_verdict(plan, r, results) for r in plan.ranks]
-    problems += [Problem(_rank_component(r), rs.reason) for r, rs in zip(plan.ranks, ranks) if not rs.ok]
     instances, hang_note = _instance_verdicts(plan, ranks, started, tracker)
+    ranks = _mark_hung(ranks, instances)
+    problems += [Problem(_rank_component(r), rs.reason, r.node) for r, rs in zip(plan.ranks, ranks) if not rs.ok]
     for v in instances:
-        if v.state in ("hung", "split"):  # dead ranks are problems of their own already
+        if v.state == SPLIT:  # dead and hung ranks are problems of their own already, with node and address
             problems.append(Problem(f"instance {v.instance}", f"broken ({v.state}): " + "; ".join(v.evidence)))
     r_ok, r_val = results[("etcd", "rollout")]
     rollout = r_val if r_ok else []  # etcd unreadable: its own row says so
@@ -1078,14 +1187,16 @@ def collect_status(
                                     f"other restarts wait until it serves again (fix it, then pulumi up)"))
     proxy_status = _proxy_verdict(plan, results)
     if not proxy_status.ok:
-        problems.append(Problem(f"proxy {plan.proxy.url}", proxy_status.reason))
+        problems.append(Problem(f"proxy {plan.proxy.url}", proxy_status.reason, plan.proxy.node))
     smoke_status = None
     if smoke:
         sok, sv = results[("proxy", "smoke")]
         smoke_status = (SmokeStatus(True, round(sv[0], 4), sv[1], served_by=sv[2]) if sok
                         else SmokeStatus(False, None, "", sv))
         if not sok:
-            problems.append(Problem(f"smoke chat completion via {plan.proxy.url}", sv))
+            # On the proxy's node only when the proxy took no connection; else the P/D path failed.
+            where = plan.proxy.node if _unreachable((sok, sv)) else ""
+            problems.append(Problem(f"smoke chat completion via {plan.proxy.url}", sv, where))
 
     since_start = _table(plan, {rs.name: rs.counters for rs in ranks if rs.counters is not None}, None)
     interval = None
@@ -1099,13 +1210,27 @@ def collect_status(
         workers=workers, unexpected_workers=unexpected, ranks=ranks,
         requests=_instance_requests(plan, ranks), proxy=proxy_status,
         smoke=smoke_status, since_start=since_start, interval=interval, problems=problems,
-        instances=instances, hang_note=hang_note, rollout=rollout,
+        instances=instances, hang_note=hang_note, rollout=rollout, nodes=_node_verdicts(plan, results, problems),
     )
 
 
 def hang_tracker(plan: Plan) -> HangTracker:
     """A tracker with the stack's hang.seconds; a DP group forms within vllm.readyTimeoutS."""
     return HangTracker(plan.cfg.hang.seconds, plan.cfg.vllm.ready_timeout_s)
+
+
+def _mark_hung(ranks: list[RankStatus], instances: list[InstanceVerdict]) -> list[RankStatus]:
+    """A hung rank still answers /health (vLLM's API server does while its engine core is stuck), so
+    its checks passed: it is marked hung here, so that the rank table, the count of healthy ranks, the
+    problems and the JSON all say so."""
+    hung = {rv.rank: rv.evidence for v in instances for rv in v.ranks if rv.state == HUNG}
+    out = []
+    for rs in ranks:
+        if rs.name in hung:
+            why = hung[rs.name].removeprefix(f"{rs.name} ")  # the rank is named by the problem's component
+            rs = replace(rs, ok=False, state=RANK_HUNG, reason="; ".join(filter(None, [why, rs.reason])))
+        out.append(rs)
+    return out
 
 
 def _instance_verdicts(plan: Plan, ranks: list[RankStatus], now: float, tracker: Optional[HangTracker]
@@ -1147,101 +1272,226 @@ def _ratio(rate: Optional[float], hits: float, queries: float) -> str:
     return f"{_pct(rate)} ({_num(hits)}/{_num(queries)})"
 
 
-def format_table(plan: Plan, rep: StatusReport) -> str:
+# State words whose colour carries meaning on a terminal: term's and status's own.
+STYLES = {**term.STATE_STYLES, "UNREACHABLE": "bold red", "HUNG": "bold red", "UNKNOWN": "yellow"}
+MAX_SHOWN_EVIDENCE = 3  # an instance's reasons in its table row without -v (a dead 32-rank group has 32)
+
+
+def format_table(plan: Plan, rep: StatusReport, *, verbose: bool = False) -> str:
     """The report for people, as plain text."""
-    return term.plain(report_blocks(plan, rep)) + "\n"
+    return term.plain(report_blocks(plan, rep, verbose=verbose)) + "\n"
 
 
-def report_blocks(plan: Plan, rep: StatusReport) -> list[term.Block]:
-    """The report for people: lines and tables (drawn by rich on a terminal, plain otherwise)."""
+def report_blocks(plan: Plan, rep: StatusReport, *, verbose: bool = False) -> list[term.Block]:
+    """The report for people: lines and tables (drawn by rich on a terminal, plain otherwise), the
+    per-node summary first. Without `verbose` an unreachable node is one line, in the problems and in
+    the rank table, instead of one per rank, worker, etcd and proxy on it (--json and -v list them all),
+    and tables with nothing read in them are left out."""
+    down = {n.node: n for n in rep.nodes if n.state == UNREACHABLE}
+    shown = rep.problems if verbose else _folded_problems(rep, down)
+    out: list[term.Block] = [_headline(rep, shown), ""]
+    out += _node_blocks(rep)
+    out += ["", _component_table(plan, rep)]
+    out += _rollout_lines(rep)
+    out += _instance_blocks(rep, down, verbose)
+    if verbose or any(r.metrics for r in rep.ranks):
+        out += _requests_blocks(rep)
+        out += _rates_blocks(rep, {} if verbose else down)
+    else:
+        out += ["", "Requests per instance and KV cache hit rates: no rank's /metrics could be read "
+                "(-v shows the empty tables)"]
+    return out + _problem_blocks(rep, shown)
+
+
+def _folded_problems(rep: StatusReport, down: dict[str, NodeStatus]) -> list[Problem]:
+    """The problems as listed for people: one line per unreachable node, first, for all the problems
+    of what runs on it; the others as they are. A node with a single problem keeps it (one line
+    either way, and the original says more)."""
+    fold = {name: n for name, n in down.items() if n.problems > 1}
+    lines = [Problem(f"{n.node} {n.address}", f"unreachable ({n.runs}): {n.reason}", n.node) for n in fold.values()]
+    return lines + [p for p in rep.problems if p.node not in fold]
+
+
+def _headline(rep: StatusReport, shown: list[Problem]) -> str:
     when = datetime.fromtimestamp(rep.polled_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    verdict = "OK" if rep.ok else f"{len(rep.problems)} PROBLEM(S)"
-    out = [f"ascend-pd status  stack {rep.stack}  {when}  polled in {rep.elapsed_s:.2f}s: {verdict}", ""]
+    verdict = "OK" if rep.ok else f"{len(shown)} PROBLEM(S)"
+    if len(shown) < len(rep.problems):
+        verdict += f" ({len(rep.problems)} with -v: one per component)"
+    return f"ascend-pd status  stack {rep.stack}  {when}  polled in {rep.elapsed_s:.2f}s: {verdict}"
+
+
+def _state_cell(state: str) -> str:
+    return state if state == "ok" else state.upper()
+
+
+def _node_blocks(rep: StatusReport) -> list[term.Block]:
+    def detail(n: NodeStatus) -> str:
+        if n.state == UNREACHABLE:
+            return f"{n.runs}: {n.reason}"
+        return f"{n.runs}: {n.problems} problem(s) below" if n.problems else n.runs
+
+    rows = [(n.node, n.address, _state_cell(n.state), detail(n)) for n in rep.nodes]
+    return ["NODES (unreachable: none of the endpoints on it took a TCP connection)",
+            term.Table(("NODE", "ADDRESS", "STATE", "DETAIL"), rows, styles=STYLES)]
+
+
+def _workers_row(rep: StatusReport) -> tuple[str, str, str]:
+    bad = [w for w in rep.workers if not w.ok]
+    n_reg = rep.workers_registered
+    if n_reg is None:  # etcd could not be read: nothing is known about the registrations, not "0 registered"
+        down = [w for w in rep.workers if "; its port: " in w.reason]
+        detail = f"unknown (etcd {'unreadable' if rep.etcd.reachable else 'unreachable'})" + (
+            f"; {len(down)}/{len(rep.workers)} not answering on their port" if down else "")
+        state = "UNKNOWN"
+    else:
+        detail = f"{n_reg}/{len(rep.workers)} registered" + (
+            "" if not bad else ", missing/unhealthy: " + ", ".join(f"{w.node} {w.address}" for w in bad))
+        state = "ok" if not bad else "FAIL"
+    if rep.unexpected_workers:
+        detail += "; not in the plan: " + ", ".join(rep.unexpected_workers)
+    return "openYuanrong workers", state, detail
+
+
+def _ranks_row(plan: Plan, rep: StatusReport) -> tuple[str, str, str]:
+    n_ok = sum(r.ok for r in rep.ranks)
+    n_hung = sum(r.state == RANK_HUNG for r in rep.ranks)
+    detail = f"{n_ok}/{len(rep.ranks)} healthy" + (f", {n_hung} hung" if n_hung else "")
+    if n_ok:  # nothing serves while no rank is healthy
+        detail += f", serving {plan.cfg.model.served_name!r}"
+    return "vLLM ranks", "ok" if n_ok == len(rep.ranks) else "FAIL", detail
+
+
+def _component_table(plan: Plan, rep: StatusReport) -> term.Table:
     e = rep.etcd
     if e.ok:
         names = ", ".join(m["name"] for m in e.members)
         etcd_detail = f"healthy, v{e.version}, {len(e.members)} member(s) [{names}], leader {e.leader}"
     else:
         etcd_detail = e.reason
-    n_reg = sum(w.registered for w in rep.workers)
-    w_bad = [w for w in rep.workers if not w.ok]
-    worker_detail = f"{n_reg}/{len(rep.workers)} registered" + (
-        "" if not w_bad else ", missing/unhealthy: " + ", ".join(f"{w.node} {w.address}" for w in w_bad))
-    if rep.unexpected_workers:
-        worker_detail += "; not in the plan: " + ", ".join(rep.unexpected_workers)
     px = rep.proxy
     proxy_detail = (f"{px.prefill_instances}/{px.expected_prefill} prefill, "
                     f"{px.decode_instances}/{px.expected_decode} decode instances") if px.ok else px.reason
-    rows = [(f"etcd {e.endpoint}", "ok" if e.ok else "FAIL", etcd_detail),
-            ("openYuanrong workers", "ok" if not w_bad else "FAIL", worker_detail),
+    rows = [(f"etcd {e.endpoint}", "ok" if e.ok else "FAIL", etcd_detail), _workers_row(rep),
             (f"proxy {px.url}", "ok" if px.ok else "FAIL", proxy_detail)]
     if rep.smoke is not None:
         s = rep.smoke
         rows.append(("smoke chat completion", "ok" if s.ok else "FAIL",
                      f"{s.latency_s:.2f}s via {s.served_by}: {s.text!r}" if s.ok else s.reason))
-    n_ok = sum(r.ok for r in rep.ranks)
-    rows.append(("vLLM ranks", "ok" if n_ok == len(rep.ranks) else "FAIL",
-                 f"{n_ok}/{len(rep.ranks)} healthy, serving {plan.cfg.model.served_name!r}"))
-    out.append(term.Table(("COMPONENT", "STATE", "DETAIL"), rows))
-    for ro in rep.rollout:
-        out.append(f"rollout of {ro.role}: " + "; ".join(
-            ([f"restarting {', '.join(ro.restarting)} (restart slot held)"] if ro.restarting else [])
-            + ([f"STOPPED: the restart of {ro.failed} failed"] if ro.failed else [])))
+    rows.append(_ranks_row(plan, rep))
+    return term.Table(("COMPONENT", "STATE", "DETAIL"), rows, styles=STYLES)
 
-    if rep.instances:
-        out += ["", "INSTANCES (broken = a rank dead or hung, or ranks not in one DP group)"]
-        irows = [("INSTANCE", "STATE", "EVIDENCE")]
-        for v in rep.instances:
-            busy = sum(r.state == "busy" for r in v.ranks)
-            detail = "; ".join(v.evidence) if v.evidence else (
-                f"{len(v.ranks)} rank(s) healthy" + (f", {busy} busy" if busy else ""))
-            irows.append((v.instance, v.state if v.state == "ok" else v.state.upper(), detail))
-        out.append(term.Table(irows[0], irows[1:]))
-        if rep.hang_note:
-            out.append("note: " + rep.hang_note)
 
+def _rollout_lines(rep: StatusReport) -> list[term.Block]:
+    return [f"rollout of {ro.role}: " + "; ".join(
+        ([f"restarting {', '.join(ro.restarting)} (restart slot held)"] if ro.restarting else [])
+        + ([f"STOPPED: the restart of {ro.failed} failed"] if ro.failed else [])) for ro in rep.rollout]
+
+
+def _instance_detail(v: InstanceVerdict, node_of: dict[str, str], down: dict[str, NodeStatus], verbose: bool) -> str:
+    """An instance's evidence; without `verbose`, its dead ranks on unreachable nodes as one item and
+    at most MAX_SHOWN_EVIDENCE items."""
+    if not v.evidence:
+        busy = sum(r.state == "busy" for r in v.ranks)
+        return f"{len(v.ranks)} rank(s) healthy" + (f", {busy} busy" if busy else "")
+    if verbose:
+        return "; ".join(v.evidence)
+    gone = [rv for rv in v.ranks if rv.state == DEAD and node_of.get(rv.rank) in down]
+    nodes = ", ".join(dict.fromkeys(node_of[rv.rank] for rv in gone))
+    folded = {rv.evidence for rv in gone}
+    items = ([f"{len(gone)} rank(s) dead: on unreachable node(s) {nodes}"] if gone else []) + [
+        e for e in v.evidence if e not in folded]
+    if len(items) > MAX_SHOWN_EVIDENCE:
+        items = items[:MAX_SHOWN_EVIDENCE] + [f"and {len(items) - MAX_SHOWN_EVIDENCE} more (-v)"]
+    return "; ".join(items)
+
+
+def _instance_blocks(rep: StatusReport, down: dict[str, NodeStatus], verbose: bool) -> list[term.Block]:
+    if not rep.instances:
+        return []
+    node_of = {r.name: r.node for r in rep.ranks}
+    rows = [(v.instance, _state_cell(v.state), _instance_detail(v, node_of, down, verbose)) for v in rep.instances]
+    out: list[term.Block] = ["", "INSTANCES (broken = a rank dead or hung, or ranks not in one DP group)",
+                             term.Table(("INSTANCE", "STATE", "EVIDENCE"), rows, styles=STYLES)]
+    if rep.hang_note:
+        out.append("note: " + rep.hang_note)
+    return out
+
+
+def _requests_blocks(rep: StatusReport) -> list[term.Block]:
+    rows = [(ir.instance, f"{ir.ranks}/{ir.of}", _num(ir.requests.running), _num(ir.requests.waiting),
+             _num(ir.requests.succeeded), _num(ir.requests.failed)) for ir in rep.requests]
+    return ["", "Requests per instance: in flight now, finished since each rank started "
+            "(succeeded: stop/length; failed: abort/error)",
+            term.Table(("INSTANCE", "RANKS READ", "RUNNING", "WAITING", "SUCCEEDED", "FAILED"), rows)]
+
+
+def _rate_cells(h: Optional[HitRates], hi: Optional[HitRates], interval: bool) -> list[str]:
+    cells = (["-", "-", "-"] if h is None else
+             [_ratio(h.local_rate, h.local_hits, h.local_queries),
+              _ratio(h.external_rate, h.external_hits, h.external_queries), _pct(h.effective_rate)])
+    if interval:
+        cells += (["-", "-", "-"] if hi is None
+                  else [_pct(hi.local_rate), _pct(hi.external_rate), _pct(hi.effective_rate)])
+    return cells
+
+
+def _rank_span(ranks: list[RankStatus]) -> str:
+    """The ranks of one node as one name: decode-0-r8..r15 (a node serves one instance)."""
+    first, last = ranks[0], ranks[-1]
+    if len(ranks) == 1:
+        return first.name
+    if all((r.role, r.instance) == (first.role, first.instance) for r in ranks):
+        return f"{first.name}..r{last.dp_rank}"
+    return f"{len(ranks)} ranks"
+
+
+def _rank_rows(rep: StatusReport, down: dict[str, NodeStatus]) -> list[tuple[str, ...]]:
+    """A row per rank; the ranks of an unreachable node in `down` as one row."""
+    iv = rep.interval
+    rows, said = [], set()
+    for r in rep.ranks:
+        if r.node in down:
+            if r.node not in said:
+                said.add(r.node)
+                mine = [x for x in rep.ranks if x.node == r.node]
+                rows.append((_rank_span(mine), r.node, down[r.node].address, "UNREACHABLE",
+                             *_rate_cells(None, None, iv is not None)))
+            continue
+        rows.append((r.name, r.node, r.url.removeprefix("http://"), _state_cell(r.state),
+                     *_rate_cells(rep.since_start.ranks.get(r.name), iv.ranks.get(r.name) if iv else None,
+                                  iv is not None)))
+    return rows
+
+
+def _rates_blocks(rep: StatusReport, down: dict[str, NodeStatus]) -> list[term.Block]:
     iv = rep.interval
     head = ["RANK", "NODE", "ENDPOINT", "STATE", "LOCAL PREFIX HIT", "EXTERNAL HIT", "EFFECTIVE"]
     if iv is not None:
         head += [f"LOCAL {iv.seconds:.0f}s", f"EXT {iv.seconds:.0f}s", f"EFF {iv.seconds:.0f}s"]
-    rows = []
-
-    def rate_cells(h: Optional[HitRates], hi: Optional[HitRates]) -> list[str]:
-        cells = (["-", "-", "-"] if h is None else
-                 [_ratio(h.local_rate, h.local_hits, h.local_queries),
-                  _ratio(h.external_rate, h.external_hits, h.external_queries), _pct(h.effective_rate)])
-        if iv is not None:
-            cells += ["-", "-", "-"] if hi is None else [
-                _pct(hi.local_rate), _pct(hi.external_rate), _pct(hi.effective_rate)]
-        return cells
-
-    for r in rep.ranks:
-        rows.append((r.name, r.node, r.url.removeprefix("http://"), "ok" if r.ok else "FAIL",
-                     *rate_cells(rep.since_start.ranks.get(r.name), iv.ranks.get(r.name) if iv else None)))
+    rows = _rank_rows(rep, down)
     for role in ROLES:
         h = rep.since_start.roles[role]
         n = len([r for r in rep.ranks if r.role == role])
         rows.append((f"role {role}", "", f"{h.ranks}/{n} ranks counted", "",
-                     *rate_cells(h, iv.roles[role] if iv else None)))
+                     *_rate_cells(h, iv.roles[role] if iv else None, iv is not None)))
     c = rep.since_start.cluster
     n_prefill = len([r for r in rep.ranks if r.role == "prefill"])
     rows.append(("cluster", "", f"{c.ranks}/{n_prefill} prefill ranks", "",
-                 *rate_cells(c, iv.cluster if iv else None)))
-    requests_rows = [("INSTANCE", "RANKS READ", "RUNNING", "WAITING", "SUCCEEDED", "FAILED")]
-    for ir in rep.requests:
-        q = ir.requests
-        requests_rows.append((ir.instance, f"{ir.ranks}/{ir.of}", _num(q.running), _num(q.waiting),
-                              _num(q.succeeded), _num(q.failed)))
-    out += ["", "Requests per instance: in flight now, finished since each rank started "
-            "(succeeded: stop/length; failed: abort/error)"]
-    out.append(term.Table(requests_rows[0], requests_rows[1:]))
-    out += ["", "KV cache hit rates since start" + (f" and over the last {iv.seconds:.1f}s" if iv else "")
-            + " (hits/queries in tokens; effective = (local + external hits) / local queries)"]
-    out.append(term.Table(tuple(head), rows))
-    out.append("note: cluster = the prompt side (prefill ranks); decode 'external' hits are KV received "
-               "from prefill through Mooncake, not openYuanrong pool hits")
-    if rep.problems:
-        out += ["", f"PROBLEMS ({len(rep.problems)})"] + [f"  {p}" for p in rep.problems]
+                 *_rate_cells(c, iv.cluster if iv else None, iv is not None)))
+    return ["", "KV cache hit rates since start" + (f" and over the last {iv.seconds:.1f}s" if iv else "")
+            + " (hits/queries in tokens; effective = (local + external hits) / local queries)",
+            term.Table(tuple(head), rows, styles=STYLES),
+            "note: cluster = the prompt side (prefill ranks); decode 'external' hits are KV received "
+            "from prefill through Mooncake, not openYuanrong pool hits"]
+
+
+def _problem_blocks(rep: StatusReport, shown: list[Problem]) -> list[term.Block]:
+    if not rep.problems:
+        return []
+    out = ["", f"PROBLEMS ({len(shown)})"] + [f"  {p}" for p in shown]
+    if len(shown) < len(rep.problems):
+        out.append(f"note: an unreachable node is one line for the problems of everything on it; -v or --json "
+                   f"lists all {len(rep.problems)}")
     return out
 
 
@@ -1269,14 +1519,16 @@ def _for_terminal(text: str) -> str:
 
 def _safe_blocks(blocks: list[term.Block]) -> list[term.Block]:
     """Every line and cell with its control characters escaped, as `_for_terminal` does for text."""
-    return [term.Table(b.head, [tuple(_printable(c) for c in row) for row in b.rows], b.title)
+    return [term.Table(b.head, [tuple(_printable(c) for c in row) for row in b.rows], b.title, b.styles)
             if isinstance(b, term.Table) else _for_terminal(b) for b in blocks]
 
 
 def run(plan: Plan, *, as_json: bool = False, watch: Optional[float] = None, count: Optional[int] = None,
-        timeouts: Timeouts = Timeouts(), smoke: bool = True, out=None, err=None) -> int:
+        timeouts: Timeouts = Timeouts(), smoke: bool = True, verbose: bool = False, out=None, err=None) -> int:
     """The `status` command: one poll (or one every `watch` seconds, `count` times or until ^C).
-    Returns the exit code of the last poll: 0 all healthy, 1 something missing or unhealthy."""
+    `verbose` (-v): the tables list every component of an unreachable node and every problem one by
+    one (--json always does). Returns the exit code of the last poll: 0 all healthy, 1 something
+    missing or unhealthy."""
     out = out or sys.stdout
     err = err or sys.stderr
     previous: Optional[StatusReport] = None
@@ -1292,11 +1544,11 @@ def run(plan: Plan, *, as_json: bool = False, watch: Optional[float] = None, cou
             elif term.is_terminal(out):
                 if watch and polls:
                     out.write("\033[H\033[2J")
-                term.write(_safe_blocks(report_blocks(plan, rep)), out)
+                term.write(_safe_blocks(report_blocks(plan, rep, verbose=verbose)), out)
             else:
                 if watch and polls:
                     out.write("\n")
-                out.write(_for_terminal(format_table(plan, rep)))
+                out.write(_for_terminal(format_table(plan, rep, verbose=verbose)))
             out.flush()
             code, polls, previous = rep.exit_code, polls + 1, rep
             if not watch or (count is not None and polls >= count):
@@ -1308,6 +1560,6 @@ def run(plan: Plan, *, as_json: bool = False, watch: Optional[float] = None, cou
 
 __all__ = [
     "collect_status", "run", "hang_tracker", "format_table", "parse_prometheus", "metric_sum", "Timeouts", "StatusReport",
-    "Problem", "CacheCounters", "HitRates", "HitRateTable", "EtcdStatus", "WorkerStatus", "RankStatus",
+    "Problem", "CacheCounters", "HitRates", "HitRateTable", "EtcdStatus", "WorkerStatus", "RankStatus", "NodeStatus",
     "ProxyStatus", "SmokeStatus", "MetricsParseError",
 ]

@@ -175,7 +175,10 @@ def test_a_stopped_engine_core_is_hung_in_status_and_the_probe(hung_rank):
     detected = time.monotonic() - t0
     assert verdicts["prefill-0"].state == "ok"  # the other instance is not blamed
     problems = {p.component: p.reason for p in rep.problems}
-    assert "vllm:generation_tokens_total flat at 0" in problems["instance decode-0"]
+    # The hung rank is a problem of its own, named with its node and address (as a dead one is).
+    hung = problems[f"rank {victim.name} ({victim.node} {victim.address}:{victim.port})"]
+    assert hung.startswith("hung: 1 request(s) running") and "vllm:generation_tokens_total flat at 0" in hung
+    assert {r.name: r.state for r in rep.ranks}[victim.name] == "hung"
     assert "HUNG" in format_table(plan, rep)
     print(f"\nhung detected {detected:.1f}s after the first poll (hang.seconds {HANG_S})")
 
@@ -226,7 +229,7 @@ def _cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 def test_heal_cli_dry_run_says_what_it_would_do_and_changes_nothing(tmp_path):
     done = _cli(tmp_path, "--dry-run")
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr  # everything broken stays broken: exit 1
     out = done.stdout
     assert "(dry run: nothing changed)" in out
     assert "prefill-0: planned: would restart on n0" in out and "decode-0: planned: would restart on n1" in out
