@@ -1,36 +1,5 @@
-"""Pulumi program: stack config -> plan -> resources -> stack outputs. Nothing else lives here."""
+"""Pulumi program entry point (the language host runs this file): see ascend_pd/program.py."""
 
-import pulumi
-import pulumi.runtime.config
+from ascend_pd.program import main
 
-from ascend_pd.config import PROJECT, SECRET_KEYS
-from ascend_pd.errors import ConfigError
-from ascend_pd.loader import load_config
-from ascend_pd.plan import build_plan
-from components.cluster import deploy
-
-
-def stack_settings() -> dict[str, str]:
-    """Every `ascend-pd:*` key exactly as the CLI passes it (strings; objects as JSON), namespace
-    stripped, secrets left out. The CLI puts the map in PULUMI_CONFIG and also hands it to
-    set_all_config; tests only do the latter: read both."""
-    every = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
-    prefix = f"{PROJECT}:"
-    out = {}
-    for key, value in every.items():
-        if not key.startswith(prefix) or key[len(prefix):] in SECRET_KEYS:
-            continue
-        if pulumi.runtime.is_config_secret(key):
-            # The plan writes config values literally into commands, which are not secret.
-            pulumi.log.warn(f"{key} is set as a secret, but ascend-pd uses it in plain-text commands")
-        out[key[len(prefix):]] = value
-    return out
-
-
-try:
-    plan = build_plan(load_config(stack_settings()), pulumi.get_stack())
-except ConfigError as exc:
-    raise pulumi.RunError(str(exc)) from None
-
-for name, value in deploy(plan, private_key=pulumi.Config().get_secret("sshPrivateKey")).items():
-    pulumi.export(name, value)
+main()

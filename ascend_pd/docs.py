@@ -42,7 +42,7 @@ from .valuetypes import Kind
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 README = PROJECT_DIR / "README.md"
-COMPONENTS_DIR = PROJECT_DIR / "components"
+COMPONENTS_DIR = Path(__file__).resolve().parent / "components"
 WRITE_COMMAND = "python -m ascend_pd docs --write"
 
 # The stack-file keys that are not StackConfig fields (config.SECRET_KEYS), documented here.

@@ -131,7 +131,7 @@ def test_components_are_the_component_resources_of_the_package():
     its fixed type token, and what it waits for."""
     import pulumi
 
-    import components
+    from ascend_pd import components
 
     classes = {name: cls for name, cls in vars(components).items()
                if inspect.isclass(cls) and issubclass(cls, pulumi.ComponentResource)}

@@ -1,8 +1,9 @@
 """Run the Pulumi program under the SDK's mocks and record every registration: the resource graph
 the engine would receive, without the CLI, a backend or a cluster.
 
-`capture(config, stack=...)` executes `__main__.py` exactly as the language host does (runpy, after
-`set_all_config` with the CLI's flat namespaced map) against a fresh mock monitor that records each
+`capture(config, stack=...)` runs the program (`ascend_pd.program.main`, which the checkout's
+`__main__.py` calls for the language host) after `set_all_config` with the CLI's flat namespaced
+map, against a fresh mock monitor that records each
 resource's type, name, URN, parent, provider, dependencies (all, and per input property), options
 (delete_before_replace, aliases, custom timeouts) and deserialized inputs. Secret inputs stay
 wrapped (`pulumi.runtime.rpc.is_rpc_secret`) as the engine would receive them.
@@ -13,8 +14,6 @@ Used by the tests, by the engine model's change scenarios and by `python -m asce
 from __future__ import annotations
 
 import hashlib
-import runpy
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -110,8 +109,6 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
     """Run `__main__.py` with the CLI-style map `config` (`ascend-pd:<key>` -> string/JSON)."""
     (pulumi, Mocks, MockCallArgs, MockResourceArgs, rpc, set_all_config, set_mocks, settings, MockMonitor,
      ensure_loop) = _pulumi()
-    if str(PROJECT_DIR) not in sys.path:
-        sys.path.insert(0, str(PROJECT_DIR))
 
     class _Mocks(Mocks):
         def new_resource(self, args: MockResourceArgs):
@@ -162,7 +159,9 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
     set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     error: Optional[BaseException] = None
     try:
-        pulumi.runtime.test(lambda: runpy.run_path(str(MAIN), run_name="__main__"))()
+        from ascend_pd.program import main as program_main
+
+        pulumi.runtime.test(program_main)()
     except Exception as exc:  # noqa: BLE001 - reported to the caller
         if not expect_error:
             raise

@@ -3,7 +3,7 @@
 Binary mode: started in the node's NPU container; every fresh start begins with an empty data dir
 (stale member data makes a restart fail or resurrect old worker registrations, seed 000's FAQ),
 while a running etcd with the same command is left alone. Image mode: docker runs etcd in its own
-container (components/etcd_single.py) and this script is only the health gate.
+container (ascend_pd/components/etcd_single.py) and this script is only the health gate.
 """
 
 from __future__ import annotations
