@@ -204,6 +204,10 @@ class Vllm(_Model):
     )
     stop_timeout_s: Seconds(ge=5) = Field(60, description=(
         "Seconds between TERM and KILL when ranks are stopped (a changed flag, a topology change, destroy)."))
+    allow_unknown_flags: list[FlagKey] = Field(default_factory=list, description=(
+        "Flag names (without `--`) that `vllm.flags`, `prefill.flags` and `decode.flags` may use although "
+        "ascend-pd does not know them: a flag of a newer vLLM or of a plugin. Any other name that `vllm serve` "
+        "of the pinned releases does not accept is refused, with the closest known flag."))
 
 
 class Role(_Model):
@@ -243,7 +247,7 @@ class Role(_Model):
         "Image of the containers of this role's nodes, over `container.image`; unset: `container.image`. "
         "Changing it replaces only those containers, one instance at a time (`rollout.maxUnavailable`), each "
         "drained out of the proxy first, so a role with a spare instance keeps serving; put etcd and the proxy "
-        "on a node of the other role, or that node's replacement stops them too (README)."))
+        "on a node of the other role, or that node's replacement stops them too (docs/changes.md)."))
 
 
 class Yuanrong(_Model):

@@ -107,6 +107,13 @@ CASES = {
         "ascend-pd:container.prepare[4]", "'pip-transformers'"),
     "state dir too long for the worker's sockets": (
         lambda d: d.update(stateDir="/workspace/" + "x" * 60), "ascend-pd:stateDir", "at most 60 characters"),
+    "misspelt setting": (
+        lambda d: d["prefill"].update(tpp=1), "ascend-pd:prefill.tpp", "did you mean 'prefill.tp'?"),
+    "misspelt vLLM flag": (
+        lambda d: d["decode"]["flags"].update({"max_num_seq": 8}), "ascend-pd:decode.flags.max_num_seq",
+        "did you mean 'max-num-seqs'?"),
+    "a number in quotes": (
+        lambda d: d["proxy"].update(port="8088"), "ascend-pd:proxy.port", "write the number without quotes"),
     "command substitution in env": (
         lambda d: d["vllm"]["env"].update(X="$(id)"), "ascend-pd:vllm.env.X", "command substitution"),
 }
@@ -162,6 +169,19 @@ def test_a2_limits_are_per_profile():
     flat = {k: v if isinstance(v, str) else json.dumps(v)
             for k, v in mutate(lambda d: d["prefill"].update(kvPort=28001), "a2-8node").items()}
     assert build_plan(load_config(flat), "x").ranks
+
+
+def test_an_unknown_flag_allowed_on_purpose_is_passed():
+    data = mutate(lambda d: d["vllm"].update(allowUnknownFlags=["my-plugin-flag"]) or
+                  d["vllm"]["flags"].update({"my-plugin-flag": 1}))
+    plan = build_plan(load_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}), "x")
+    assert all("--my-plugin-flag" in r.argv for r in plan.ranks)
+
+
+def test_problems_of_the_clis_flat_map_name_no_file():
+    message = refuse(mutate(lambda d: d["proxy"].update(port="8088")))
+    assert "  - ascend-pd:proxy.port: is the text '8088', not a number. Fix: write the number without quotes." in message
+    assert "Pulumi." not in message
 
 
 def test_secret_key_is_not_a_setting_error():

@@ -322,7 +322,8 @@ def _fit(blocks: list[tuple[str, list[str], list[str], bool]], budget: int, stac
 def markdown(change: Change, budget: int = MARKDOWN_BUDGET) -> str:
     """The PR comment's form: the verdict first, at most `budget` characters (None: no limit)."""
     if change.problems is not None:
-        items = "\n".join(f"- `{p.setting}`: {p.message}. Fix: {p.fix}." for p in change.problems.problems)
+        items = "\n".join(f"- {f'{p.where}: ' if p.where else ''}`{p.setting}`: {p.message}. Fix: {p.fix}."
+                          for p in change.problems.problems)
         return f"`{change.stack}`: **invalid configuration** ({len(change.problems.problems)} problem(s)):\n\n{items}"
     if not change.changed:
         return headline(change)
@@ -370,7 +371,8 @@ def as_json(change: Change) -> str:
     doc: dict[str, Any] = {"stack": change.stack, "base": change.base.label, "code": CODE_NOTE,
                            "codeChanges": list(change.base.code_changes)}
     if change.problems is not None:
-        doc["problems"] = [{"setting": p.setting, "message": p.message, "fix": p.fix} for p in change.problems.problems]
+        doc["problems"] = [{"where": p.where, "setting": p.setting, "message": p.message, "fix": p.fix}
+                           for p in change.problems.problems]
         return json.dumps(doc, indent=2, allow_nan=False)
     doc["changed"] = change.changed
     doc["resources"] = change.resources

@@ -81,6 +81,13 @@ def _read(stack: str, directory: Path, label: str) -> Side:
         return Side(label, {}, exc)
 
 
+def _copy_project_file(project_dir: Path, into: Path) -> None:
+    """The working tree's `Pulumi.yaml` (its config defaults), where there is one: a stack file kept
+    outside a Pulumi project (the installed `ascend-pd`) has no defaults beyond the code's."""
+    if (project_dir / "Pulumi.yaml").is_file():
+        (into / "Pulumi.yaml").write_bytes((project_dir / "Pulumi.yaml").read_bytes())
+
+
 def working_tree(stack: str, project_dir: Path) -> Side:
     return _read(stack, project_dir, "working tree")
 
@@ -100,13 +107,14 @@ def at_ref(stack: str, ref: str, project_dir: Path) -> Side:
     with tempfile.TemporaryDirectory(prefix="ascend-pd-base-") as tmp:
         found = False
         for name in ("Pulumi.yaml", f"Pulumi.{stack}.yaml"):
-            shown = _git(project_dir, "show", f"{sha}:{name}")
+            # `./NAME`: relative to the stack's directory, wherever it sits in the repository.
+            shown = _git(project_dir, "show", f"{sha}:./{name}")
             if shown.returncode == 0:
                 (Path(tmp) / name).write_bytes(shown.stdout)
                 found = found or name != "Pulumi.yaml"
             elif name == "Pulumi.yaml":
-                # A base without the project file: its defaults are this tree's.
-                (Path(tmp) / name).write_bytes((project_dir / name).read_bytes())
+                # A base without the project file: its defaults are this tree's (if it has one).
+                _copy_project_file(project_dir, Path(tmp))
         if not found:
             return Side(label, None, code_changes=code_changes)
         return dataclasses.replace(_read(stack, Path(tmp), label), code_changes=code_changes)
@@ -117,7 +125,7 @@ def from_file(stack: str, path: Path, project_dir: Path) -> Side:
     if not path.is_file():
         raise SourceError(f"--base-file {path}: no such file")
     with tempfile.TemporaryDirectory(prefix="ascend-pd-base-") as tmp:
-        (Path(tmp) / "Pulumi.yaml").write_bytes((project_dir / "Pulumi.yaml").read_bytes())
+        _copy_project_file(project_dir, Path(tmp))
         try:
             (Path(tmp) / f"Pulumi.{stack}.yaml").write_bytes(path.read_bytes())
         except OSError as exc:

@@ -1,0 +1,25 @@
+"""The flag names `vllm serve` accepts, so a misspelled tuning flag is refused before a deploy
+instead of by every rank's argument parser after its container started (data/vllm_flags.txt says
+which releases and how the list was made)."""
+
+from __future__ import annotations
+
+import difflib
+from functools import lru_cache
+from pathlib import Path
+
+FLAGS_FILE = Path(__file__).resolve().parent / "data" / "vllm_flags.txt"
+RELEASES = "vLLM 0.18.0 and 0.20.2"  # = the header of FLAGS_FILE
+
+
+@lru_cache(maxsize=1)
+def known_flags() -> frozenset[str]:
+    lines = FLAGS_FILE.read_text(encoding="utf-8").splitlines()
+    return frozenset(ln.strip() for ln in lines if ln.strip() and not ln.startswith("#"))
+
+
+def closest_flag(name: str) -> str | None:
+    """The known flag `name` most likely misspells, or None. The cutoff is high: the list holds
+    many names that differ by one word (`enable-log-requests`, `enable-log-outputs`)."""
+    match = difflib.get_close_matches(name, known_flags(), n=1, cutoff=0.8)
+    return match[0] if match else None
