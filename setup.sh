@@ -15,6 +15,8 @@ $SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client she
 python3 -m venv venv
 venv/bin/pip install -q --upgrade pip
 venv/bin/pip install -q -r requirements-dev.txt
+# The `ascend-pd` command (venv/bin/ascend-pd), editable: it runs this checkout's code.
+venv/bin/pip install -q --no-deps --no-build-isolation -e .
 # The PD proxy script of each release the stacks run, from its sdist on PyPI (sha256-pinned), for the tests.
 venv/bin/python tests/proxy_release.py fetch
 echo "setup done: $(venv/bin/python --version), pulumi SDK $(venv/bin/python -c 'from importlib.metadata import version; print(version("pulumi"))' 2>/dev/null || echo '?')"

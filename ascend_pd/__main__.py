@@ -1,16 +1,17 @@
-"""Command line: `python -m ascend_pd render|status|doctor|diff|heal --stack NAME`, `python -m ascend_pd docs [--write|--check]`."""
+"""Command line: `ascend-pd render|status|doctor|diff|heal --stack NAME`, `ascend-pd docs [--write|--check]`
+(also `python -m ascend_pd ...`). Exit codes: see EXIT_CODES."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError
-from .loader import PROJECT_DIR, load_stack
-from .plan import build_plan
+from .loader import PROJECT_DIR, find_stack, open_stack
 
 
 # Bounds of the status options (seconds): below 0.1 s nothing on a LAN answers; above them a "timeout"
@@ -69,6 +70,16 @@ DIFF_DESCRIPTION = (
 
 DOCTOR_CHECKS = ("clock", "versions", "page-size", "memory", "npu", "fabric", "ping", "ports", "weights", "docker",
                  "network")  # = ascend_pd.scripts.preflight.ALL_CHECKS (render must not import more than it needs)
+# Rows of the doctor table that another check produces: `--only hccn-conf` runs that check.
+CHECK_ALIASES = {"hccn-conf": "fabric"}
+
+
+def doctor_checks(only: list[str]) -> tuple[list[str], list[str]]:
+    """(the checks to run for `--only` names, the names that are no check)."""
+    wanted = [CHECK_ALIASES.get(c, c) for c in only]
+    return list(dict.fromkeys(wanted)), [c for c in only if CHECK_ALIASES.get(c, c) not in DOCTOR_CHECKS]
+
+
 DOCTOR_DESCRIPTION = (
     "Run the preflight checks on every node over ssh (the operator's OpenSSH client, ssh-agent, known_hosts), "
     "all nodes at once, then the cross-node checks (clock skew, identical driver/CANN, identical weights, the "
@@ -91,11 +102,66 @@ HEAL_DESCRIPTION = (
 )
 
 
+# Every exit code a subcommand can return, in one place: the README's table is checked against it.
+EXIT_CODES = {
+    0: "success: nothing failed (status: all healthy; doctor: no failed check; heal: nothing broken or all healed; "
+       "diff: no change)",
+    1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken)",
+    2: "the stack file, an option or a path given is invalid; nothing was contacted or changed",
+    10: "diff only: the stack file changes something",
+    130: "interrupted (Ctrl-C)",
+    141: "the reader of the output went away (a closed pipe, e.g. `| head`)",
+}
+
+
+def _prog() -> str:
+    """`ascend-pd` when run as the installed command, else `python -m ascend_pd` (what the user typed)."""
+    return "ascend-pd" if os.path.basename(sys.argv[0] or "") == "ascend-pd" else "python -m ascend_pd"
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The console script: `main`, with no traceback for what an operator does on purpose."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+        return code
+    except KeyboardInterrupt:
+        print(f"{_prog()}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader closed the pipe (`| head`): say nothing more, and point stdout at /dev/null so the
+        # interpreter's final flush does not raise again on the way out.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _stack_options(parser: argparse.ArgumentParser, what: str = "reads it") -> None:
+    parser.add_argument("--stack", metavar="NAME",
+                        help=f"stack name: {what} from Pulumi.NAME.yaml in the current directory, else the project's")
+    parser.add_argument("--stack-file", type=Path, metavar="PATH",
+                        help="the stack file itself (Pulumi.NAME.yaml), anywhere; its Pulumi.yaml is the one beside it")
+
+
+def _out_dir_problem(out: Path) -> str | None:
+    """Why `render --out` cannot write there, before anything is written (None: it can)."""
+    if out.exists() and not out.is_dir():
+        return f"{out} exists and is not a directory; give a directory (it is created if missing)"
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable by this user"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ascend_pd", description=__doc__)
+    ap = argparse.ArgumentParser(prog=_prog(), description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="print the rank table and proxy endpoints; --out writes every node's scripts")
-    r.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    _stack_options(r)
     r.add_argument("--out", type=Path, help="directory for <node>/<NN>-<script>.{create,delete}.sh")
     r.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     s = sub.add_parser(
@@ -103,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         help="poll etcd, the openYuanrong workers, every rank, the proxy; KV cache hit rates",
         description=STATUS_DESCRIPTION,
     )
-    s.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    _stack_options(s)
     s.add_argument("--json", action="store_true", help="machine-readable report (one JSON line per poll with --watch)")
     s.add_argument("--watch", type=_seconds(MIN_SECONDS, MAX_WATCH_S), metavar="SECONDS",
                    help="poll again every SECONDS (adds hit rates over the last interval) until ^C; a poll "
@@ -115,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--smoke-timeout", type=_seconds(MIN_SECONDS, MAX_TIMEOUT_S), metavar="S", default=None,
                    help="deadline of the smoke chat completion through the proxy (default 10)")
     s.add_argument("--no-smoke", action="store_true", help="skip the smoke chat completion")
+    s.add_argument("-v", "--verbose", action="store_true",
+                   help="list every component's problem (an unreachable node is otherwise one line); --json always does")
     s.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     dr = sub.add_parser(
         "doctor",
@@ -122,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         "network) before deploying",
         description=DOCTOR_DESCRIPTION,
     )
-    dr.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    _stack_options(dr)
     dr.add_argument("--json", action="store_true", help="machine-readable report")
     dr.add_argument("--node", action="append", default=[], metavar="N", help="only this node (repeatable)")
     dr.add_argument("--only", action="append", default=[], metavar="CHECK",
-                    help="only this check (repeatable): " + ", ".join(DOCTOR_CHECKS))
+                    help="only this check (repeatable): " + ", ".join(DOCTOR_CHECKS + tuple(CHECK_ALIASES)))
     dr.add_argument("--identity", metavar="FILE", help="ssh private key (default: ssh-agent and ~/.ssh/config)")
     dr.add_argument("--known-hosts", metavar="FILE",
                     help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
@@ -141,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         help="what a change of the stack file does to the running cluster: steps, script diffs, restarts",
         description=DIFF_DESCRIPTION,
     )
-    c.add_argument("--stack", required=True, help="stack name: compares Pulumi.<stack>.yaml with its base")
+    _stack_options(c, "compares it with its base")
     base = c.add_mutually_exclusive_group()
     base.add_argument("--base", metavar="GIT-REF", help="the stack file as committed at GIT-REF (default HEAD)")
     base.add_argument("--base-file", type=Path, metavar="OLD.yaml", help="an old copy of the stack file")
@@ -153,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         help="restart dead or hung instances as a whole (and dead openYuanrong workers), with the rendered scripts",
         description=HEAL_DESCRIPTION,
     )
-    h.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    _stack_options(h)
     h.add_argument("--dry-run", action="store_true", help="say what is broken and what would be done; change nothing")
     h.add_argument("--watch", type=_seconds(1.0, MAX_WATCH_S), metavar="SECONDS",
                    help="supervise: a cycle every SECONDS until ^C (hangs need it: one poll has no history)")
@@ -174,14 +242,23 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     d = sub.add_parser(
         "docs",
-        help="the README's generated sections (settings, derived flags, deployment table) from the code",
-        description="Print the README's generated sections; --write rewrites them in README.md, --check exits 1 "
-        "when README.md is stale.",
+        help="the reference page's generated sections (settings, derived flags, deployment table) from the code",
+        description="Print the generated sections of docs/reference.md; --write rewrites them there, --check exits 1 "
+        "when the page is stale.",
     )
     mode = d.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the sections in README.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the code")
+    mode.add_argument("--write", action="store_true", help="rewrite the sections in docs/reference.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if docs/reference.md differs from the code")
     args = ap.parse_args(argv)
+    if args.command != "docs" and not (args.stack or args.stack_file):
+        ap.exit(2, f"{ap.prog} {args.command}: give --stack NAME or --stack-file PATH\n")
+    # --project-dir (tests) defaults to the checkout, which the lookup reads as "current directory first".
+    if getattr(args, "count", None) is not None and not getattr(args, "watch", None):
+        ap.exit(2, f"{ap.prog} {args.command}: --count N needs --watch SECONDS (it counts the polls of a watch)\n")
+    if args.command == "render" and args.out is not None:
+        problem = _out_dir_problem(args.out)
+        if problem:
+            ap.exit(2, f"{ap.prog} render: --out {problem}\n")
     if args.command == "docs":
         from .docs import main as docs_main
 
@@ -189,10 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "diff":
         from .change import run as diff_run
 
-        return diff_run(args.stack, project_dir=args.project_dir, base=args.base, base_file=args.base_file,
+        try:
+            files = find_stack(args.stack, args.project_dir, stack_file=args.stack_file)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return diff_run(files.name, project_dir=files.stack_file.parent, base=args.base, base_file=args.base_file,
                         fmt=args.format)
     try:
-        plan = build_plan(load_stack(args.stack, args.project_dir), args.stack)
+        plan = open_stack(args.stack, args.project_dir, stack_file=args.stack_file).build_plan()
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -202,8 +284,13 @@ def main(argv: list[str] | None = None) -> int:
 
         term.write(summary_blocks(plan))
         if args.out:
-            with term.progress(f"writing scripts under {args.out}") as update:
-                files = write_scripts(plan, args.out, progress=update)
+            try:
+                with term.progress(f"writing scripts under {args.out}") as update:
+                    files = write_scripts(plan, args.out, progress=update)
+            except OSError as exc:
+                print(f"render: cannot write under {args.out}: {exc.strerror or exc} ({exc.filename or args.out})",
+                      file=sys.stderr)
+                return 2
             print(f"\nwrote {len(files)} scripts for {len(plan.nodes)} nodes under {args.out}")
     elif args.command == "doctor":
         return _doctor(plan, args)
@@ -216,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke_timeout is not None:
             t = Timeouts(connect_s=t.connect_s, request_s=t.request_s, smoke_s=args.smoke_timeout)
         return run(plan, as_json=args.json, watch=args.watch, count=args.count, timeouts=t,
-                   smoke=not args.no_smoke)
+                   smoke=not args.no_smoke, verbose=args.verbose)
     elif args.command == "heal":
         from . import heal
 
@@ -227,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         budget = heal.Budget(max_restarts=args.max_restarts or heal.DEFAULT_MAX_RESTARTS,
                              window_s=(args.window * 60) if args.window else heal.DEFAULT_WINDOW_S,
-                             path=args.state or heal.default_state_path(args.stack))
+                             path=args.state or heal.default_state_path(plan.stack))
         runner = (lambda node, command, timeout_s: (1, "", "dry run")) if args.dry_run else heal.ssh_runner(
             plan, identity_file=args.identity, known_hosts_file=args.known_hosts)
         healer = heal.Healer(plan, runner, budget=budget, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -257,16 +344,17 @@ def _doctor(plan, args) -> int:
     if bad:
         print(f"--node {bad[0]}: not a node of stack {plan.stack} (nodes: {', '.join(sorted(known))})", file=sys.stderr)
         return 2
-    bad = [c for c in args.only if c not in DOCTOR_CHECKS]
+    only, bad = doctor_checks(args.only)
     if bad:
-        print(f"--only {bad[0]}: not a check (checks: {', '.join(DOCTOR_CHECKS)})", file=sys.stderr)
+        print(f"--only {bad[0]}: not a check (checks: {', '.join(DOCTOR_CHECKS + tuple(CHECK_ALIASES))})",
+              file=sys.stderr)
         return 2
     targets = ssh_targets(plan, identity_file=args.identity, known_hosts_file=args.known_hosts,
                           connect_timeout_s=args.connect_timeout)
-    report = run_doctor(plan, targets, nodes=args.node, only=args.only, timeout_s=args.timeout)
+    report = run_doctor(plan, targets, nodes=args.node, only=only, timeout_s=args.timeout)
     print(json.dumps(report.as_json()) if args.json else table(report))
     return 1 if report.failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -1,4 +1,4 @@
-"""The README's reference sections, generated from the code so they cannot drift from it.
+"""The reference page's sections (docs/reference.md), generated from the code so they cannot drift from it.
 
 * **settings**: one row per key of the stack file, walked from `config.StackConfig`: the key as the
   stack file spells it (camelCase, dotted, `[]` for list items), its type in an operator's words
@@ -6,12 +6,12 @@
   `Field(description=...)`; then a legend of the value types used.
 * **derived**: the flags and variables the plan derives and the tuning maps refuse, with the setting
   to use instead (`plan.DERIVED_*`, `errors.DERIVED_PROXY_FLAGS`: the very tables validation uses).
-* **deployed**: the start-order diagram of `components/cluster.py` and one row per component, read
+* **deployed**: the start-order diagram of `ascend_pd/components/cluster.py` and one row per component, read
   from the components' source (their type token, their `Per:` and `Runs:` docstring fields, and the
   components they take as arguments, which are what they wait for). The source is parsed, not
   imported, so this module stays free of `import pulumi` like the rest of the package.
 
-Each section sits in README.md between `<!-- BEGIN GENERATED: <name> ... -->` and
+Each section sits in docs/reference.md between `<!-- BEGIN GENERATED: <name> ... -->` and
 `<!-- END GENERATED: <name> -->`. `python -m ascend_pd docs --write` rewrites them, `--check` exits
 1 when one is stale; tests/test_docs.py fails on the same condition.
 
@@ -41,7 +41,7 @@ from .errors import DERIVED_PROXY_FLAGS
 from .valuetypes import Kind
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-README = PROJECT_DIR / "README.md"
+REFERENCE = PROJECT_DIR / "docs" / "reference.md"  # the page that holds the generated sections
 COMPONENTS_DIR = Path(__file__).resolve().parent / "components"
 WRITE_COMMAND = "python -m ascend_pd docs --write"
 
@@ -380,8 +380,8 @@ def components(directory: Path = COMPONENTS_DIR) -> list[Component]:
         doc = ast.get_docstring(node) or ""
         per, runs = _field(doc, "Per"), _field(doc, "Runs")
         if not per or not runs:
-            raise DocsError(f"components/{module}.py: {name}'s docstring needs a `Per:` and a `Runs:` paragraph "
-                            "(the README's deployment table is generated from them)")
+            raise DocsError(f"ascend_pd/components/{module}.py: {name}'s docstring needs a `Per:` and a `Runs:` paragraph "
+                            "(docs/reference.md's deployment table is generated from them)")
         token = None
         after: list[str] = []
         for item in node.body:
@@ -395,7 +395,7 @@ def components(directory: Path = COMPONENTS_DIR) -> list[Component]:
                     after += [other for other in found if other != name and re.search(rf"\b{other}\b", text)
                               and other not in after]
         if not token:
-            raise DocsError(f"components/{module}.py: {name}.__init__ passes no literal type token to super().__init__")
+            raise DocsError(f"ascend_pd/components/{module}.py: {name}.__init__ passes no literal type token to super().__init__")
         out[name] = Component(name, token, per, runs, tuple(after), module)
     ordered: list[Component] = []
     while len(ordered) < len(out):
@@ -419,7 +419,7 @@ def _start_order(directory: Path = COMPONENTS_DIR) -> str:
         elif started:
             block.append("")
     if not block:
-        raise DocsError("components/cluster.py's docstring has no indented start-order diagram")
+        raise DocsError("ascend_pd/components/cluster.py's docstring has no indented start-order diagram")
     return "\n".join(block).rstrip()
 
 
@@ -431,7 +431,7 @@ def deployed_section(directory: Path = COMPONENTS_DIR) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# README
+# The reference page
 
 
 SECTIONS = {
@@ -452,13 +452,13 @@ def render(readme: str) -> str:
         begin, end = _markers(name)
         pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
         if len(pattern.findall(readme)) != 1:
-            raise DocsError(f"README.md needs exactly one pair of markers for the {name!r} section:\n{begin}\n{end}")
+            raise DocsError(f"{REFERENCE.name} needs exactly one pair of markers for the {name!r} section:\n{begin}\n{end}")
         readme = pattern.sub(lambda _m: f"{begin}\n{make()}\n{end}", readme)
     return readme
 
 
 def stale_sections(readme: str) -> list[str]:
-    """The names of the generated sections whose README text differs from the code's."""
+    """The names of the generated sections whose page text differs from the code's."""
     fresh = render(readme)
     out = []
     for name in SECTIONS:
@@ -471,9 +471,9 @@ def stale_sections(readme: str) -> list[str]:
     return out
 
 
-def main(write: bool = False, check: bool = False, readme_path: Path = README) -> int:
-    """`docs` prints the sections, `docs --write` rewrites them in README.md, `docs --check` exits 1
-    when README.md is stale. Exit 2 when the code holds something the docs cannot describe."""
+def main(write: bool = False, check: bool = False, readme_path: Path = REFERENCE) -> int:
+    """`docs` prints the sections, `docs --write` rewrites them in docs/reference.md, `docs --check`
+    exits 1 when that page is stale. Exit 2 when the code holds something the docs cannot describe."""
     try:
         if not (write or check):
             for name, make in SECTIONS.items():

@@ -120,16 +120,43 @@ def _why(stderr: str, target: Target) -> str:
     return f"unreachable over ssh {target.user}@{target.address}:{target.port}: {last}"
 
 
+# The ssh processes running now. Each runs in its own session (so a deadline can kill its whole group),
+# which also keeps a terminal's Ctrl-C from reaching it: on KeyboardInterrupt they are killed from here.
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_live() -> None:
+    """Kill every ssh still running (the operator pressed Ctrl-C): nothing is left behind."""
+    with _LIVE_LOCK:
+        procs = list(_LIVE)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_one(target: Target, script: str, timeout_s: float) -> Result:
     start = time.monotonic()
-    first: list[float] = []
-    out: list[str] = []
-    err: list[bytes] = []
     try:
         proc = subprocess.Popen(target.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         return Result(target.name, None, "", "", 0.0, f"cannot run ssh: {exc}")
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
+    try:
+        return _finish(proc, target, script, timeout_s, start)
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+
+
+def _finish(proc: subprocess.Popen, target: Target, script: str, timeout_s: float, start: float) -> Result:
+    first: list[float] = []
+    out: list[str] = []
+    err: list[bytes] = []
 
     def read_out() -> None:
         for raw in iter(proc.stdout.readline, b""):
@@ -180,9 +207,17 @@ def run_on_nodes(targets: Mapping[str, Target], scripts: Mapping[str, str], *, t
         raise ValueError(f"no ssh target for node(s) {unknown}")
     if parallel < 1:
         raise ValueError("parallel must be >= 1")
-    with ThreadPoolExecutor(max_workers=min(parallel, max(1, len(scripts)))) as pool:
-        futures = {n: pool.submit(run_one, targets[n], text, timeout_s) for n, text in scripts.items()}
+    pool = ThreadPoolExecutor(max_workers=min(parallel, max(1, len(scripts))))
+    futures = {n: pool.submit(run_one, targets[n], text, timeout_s) for n, text in scripts.items()}
+    try:
         return {n: f.result() for n, f in futures.items()}
+    except KeyboardInterrupt:
+        for f in futures.values():
+            f.cancel()
+        kill_live()  # the running threads then end at once, and shutdown below does not wait out a deadline
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
-__all__ = ["Target", "Result", "ssh_targets", "run_on_nodes", "run_one", "known_hosts_line"]
+__all__ = ["Target", "Result", "ssh_targets", "run_on_nodes", "run_one", "known_hosts_line", "kill_live"]

@@ -1,4 +1,4 @@
-"""The README's reference sections are generated from the code (ascend_pd/docs.py) and must match it."""
+"""The reference page's sections (docs/reference.md) are generated from the code (ascend_pd/docs.py) and must match it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ascend_pd.config import SECRET_KEYS, StackConfig, _Model
 from ascend_pd.valuetypes import Kind, Port, Seconds, Text
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+README = ROOT / "docs" / "reference.md"  # the page with the generated sections
 
 
 def all_fields(model: type[BaseModel] = StackConfig):
@@ -44,7 +44,7 @@ def prose_words(text: str) -> list[str]:
 
 def test_readme_generated_sections_are_current():
     stale = docs.stale_sections(README.read_text(encoding="utf-8"))
-    assert not stale, f"README.md is stale in {stale}: run `{docs.WRITE_COMMAND}`"
+    assert not stale, f"docs/reference.md is stale in {stale}: run `{docs.WRITE_COMMAND}`"
 
 
 def test_every_setting_has_a_description_that_says_something():
@@ -169,7 +169,7 @@ def test_a_component_without_its_docs_fields_is_refused(tmp_path):
 
 
 def test_check_and_write_commands(tmp_path, capsys):
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "reference.md"
     fresh = README.read_text(encoding="utf-8")
     readme.write_text(fresh.replace("| `yuanrong.port` | port |", "| `yuanrong.port` | number |"), encoding="utf-8")
     assert docs.main(check=True, readme_path=readme) == 1
@@ -180,7 +180,7 @@ def test_check_and_write_commands(tmp_path, capsys):
     readme.write_text("no markers here\n", encoding="utf-8")
     assert docs.main(check=True, readme_path=readme) == 2
     assert "needs exactly one pair of markers" in capsys.readouterr().err
-    assert cli(["docs", "--check"]) == 0  # the committed README, through the command line
+    assert cli(["docs", "--check"]) == 0  # the committed page, through the command line
 
 
 def test_kind_metadata_does_not_change_validation():
