@@ -126,6 +126,9 @@ def cli(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except KeyboardInterrupt:
+        ssh = sys.modules.get("ascend_pd.ssh")
+        if ssh is not None:  # whatever was interrupted, no ssh of ours outlives the command
+            ssh.kill_live()
         print(f"{_prog()}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -208,8 +208,11 @@ def run_on_nodes(targets: Mapping[str, Target], scripts: Mapping[str, str], *, t
     if parallel < 1:
         raise ValueError("parallel must be >= 1")
     pool = ThreadPoolExecutor(max_workers=min(parallel, max(1, len(scripts))))
-    futures = {n: pool.submit(run_one, targets[n], text, timeout_s) for n, text in scripts.items()}
+    futures = {}
     try:
+        # Submitted inside the try: a Ctrl-C between two submits must still kill the ssh already started.
+        for n, text in scripts.items():
+            futures[n] = pool.submit(run_one, targets[n], text, timeout_s)
         return {n: f.result() for n, f in futures.items()}
     except KeyboardInterrupt:
         for f in futures.values():
