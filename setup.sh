@@ -9,9 +9,10 @@ export DEBIAN_FRONTEND=noninteractive
 # etcd-server/etcd-client: a real etcd for the integration tests; shellcheck: lints every rendered
 # script; curl, procps, iproute2: used by the rendered scripts and the tests; numactl: the A3
 # worker starts under `dscli start --interleave`, which needs it; openssh-server/-client: doctor and
-# the preflight gate are tested over real sshd on loopback (tests/preflight_nodes.py).
+# the preflight gate are tested over real sshd on loopback (tests/preflight_nodes.py); prometheus (and
+# promtool): the generated scrape config, recording rules and alerts are checked and run for real.
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 numactl openssh-server openssh-client >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 numactl openssh-server openssh-client prometheus >/dev/null
 python3 -m venv venv
 venv/bin/pip install -q --upgrade pip
 venv/bin/pip install -q -r requirements-dev.txt

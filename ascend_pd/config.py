@@ -15,6 +15,7 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from .monitoring import Monitoring
 from .valuetypes import (AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey, ImageRef,
                          Interleave, IPv4, ModelName, Name, Nic, OwnedFile, OwnedPath, Port, PythonIdentifier,
                          PythonModule, Seconds, SoftwareVersion, SshUser, Text, Word, WorkerFlagKey)
@@ -464,6 +465,9 @@ class StackConfig(_Model):
         "`maxUnavailable` instances of a role at a time."))
     hang: Hang = Field(default_factory=Hang, description=(
         "Hang detection: how long a busy rank's token and success counters may stay flat."))
+    monitoring: Monitoring = Field(default_factory=Monitoring, description=(
+        "Prometheus for the stack, written by `render --out` under `<out>/monitoring`: scrape targets, recording "
+        "rules, alerts (docs/operations.md)."))
     hugepages: Optional[Hugepages] = Field(None, description=(
         "Huge pages reserved on every node's host before its worker starts; unset: none are reserved (no "
         "`HugepageHost`). `yuanrong.hugeTlb` needs them."))

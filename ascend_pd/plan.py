@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from .config import DEFAULT_MOUNTS, Role, StackConfig, docker_size_mib, step_name
 from .errors import ConfigError, Problem, setting
+from .monitoring import MONITORING_DIR
 from .valuetypes import owned_path_problem
 
 ROLES = ("prefill", "decode")
@@ -335,6 +336,10 @@ def _validate(cfg: StackConfig) -> list[Problem]:
         if names.count(n.name) > 1 and names.index(n.name) != i:
             p.append(Problem(setting("nodes", i, "name"), f"node name {n.name!r} is used twice",
                              "give every node a unique name"))
+        if n.name == MONITORING_DIR:
+            # `render --out DIR` writes DIR/<node>/ and the Prometheus files in DIR/monitoring/.
+            p.append(Problem(setting("nodes", i, "name"), f"{n.name!r} is the name of render's Prometheus directory",
+                             "give the node another name"))
         if addresses.count(n.address) > 1 and addresses.index(n.address) != i:
             p.append(Problem(setting("nodes", i, "address"), f"address {n.address} is used twice",
                              "give every node its own address"))

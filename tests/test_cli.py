@@ -232,3 +232,12 @@ def test_stack_file_anywhere(tmp_path):
     proc = run("status", "--stack-file", str(elsewhere / "Pulumi.nope.yaml"), cwd=tmp_path)
     assert proc.returncode == 2 and "Pulumi.nope.yaml" in proc.stderr
     no_traceback(proc)
+
+
+def test_render_out_writes_scripts_and_prometheus_files(tmp_path):
+    out = tmp_path / "out"
+    proc = run("render", "--stack", "a2-8node", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(["d0", "d1", "d2", "d3", "p0", "p1", "p2", "p3", "monitoring"])
+    assert (out / "monitoring" / "prometheus.yml").is_file() and (out / "monitoring" / "rules" / "alerts.yml").is_file()
+    assert f"Prometheus files under {out / 'monitoring'}" in proc.stdout

@@ -48,6 +48,8 @@ CASES = {
         lambda d: d["nodes"][3].update(address=d["nodes"][0]["address"]), "ascend-pd:nodes[3].address", "used twice"),
     "duplicate name": (
         lambda d: d["nodes"][3].update(name="p0"), "ascend-pd:nodes[3].name", "used twice"),
+    "node named like render's Prometheus directory": (
+        lambda d: d["nodes"][3].update(name="monitoring"), "ascend-pd:nodes[3].name", "Prometheus directory"),
     "unknown node in a role": (
         lambda d: d["prefill"].update(nodes=["p0", "p9"]), "ascend-pd:prefill.nodes[1]", "unknown node 'p9'"),
     "unknown etcd node": (

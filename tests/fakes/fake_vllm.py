@@ -150,6 +150,14 @@ Test hooks (environment variables)
   hangs as vLLM's do, /health 200, requests running, counters flat.
 * ``/metrics`` also carries ``process_start_time_seconds`` (prometheus_client's process
   collector, in vLLM's default registry): when this API server process started.
+* ``FAKE_VLLM_HISTOGRAMS=1``: ``/metrics`` also carries vLLM's (>= 0.11) latency histograms, with
+  vLLM's names, bucket layouts and prometheus_client's layout (``_bucket`` per ``le`` then ``_count``,
+  ``_sum``, then a separate ``_created`` gauge family), after request_success:
+  ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` and
+  ``vllm:e2e_request_latency_seconds``. Each completion observes, measured on this process's
+  clock: TTFT = time until its KV was loaded and ``FAKE_VLLM_REQUEST_DELAY`` passed; e2e = time
+  until its last token; M-1 inter-token latencies of (e2e - TTFT) / (M-1) each. Off by default:
+  every other behaviour (and the exact /metrics text) stays as it was without it.
 * SIGTERM / SIGINT: exit 0 at once (also during the startup delay).
 
 Stdout gets, in order: ``fake-vllm argv: vllm serve ...`` (the full command
@@ -256,6 +264,18 @@ REQUEST_SUCCESS = ("vllm:request_success", "Count of successfully processed requ
 GAUGE_FAMILIES = [
     ("vllm:num_requests_running", "Number of requests in model execution batches."),
     ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+]
+# vLLM's (vllm/v1/metrics/loggers.py, >= 0.11) latency histograms and their buckets, in its registration
+# order. vllm:time_per_output_token_seconds (the inter-token latency's name before 0.11) is hidden since 0.12.
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+HISTOGRAM_FAMILIES = [
+    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+     (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+      80.0, 160.0, 640.0, 2560.0)),
+    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+     (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)),
+    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS),
 ]
 
 
@@ -509,6 +529,27 @@ class State:
             self.values[self._success_key(reason)] = 0.0
         for name, _ in GAUGE_FAMILIES:
             self.values[name] = 0.0
+        # FAKE_VLLM_HISTOGRAMS=1: name -> [count per bucket (not cumulative; the last is +Inf), sum, count]
+        self.histograms: dict[str, list] | None = None
+        if os.environ.get("FAKE_VLLM_HISTOGRAMS") == "1":
+            self.histograms = {name: [[0] * (len(buckets) + 1), 0.0, 0]
+                               for name, _, buckets in HISTOGRAM_FAMILIES}
+
+    def observe(self, name: str, value: float, times: int = 1) -> None:
+        if self.histograms is None or times < 1:
+            return
+        buckets = next(b for n, _, b in HISTOGRAM_FAMILIES if n == name)
+        index = next((i for i, le in enumerate(buckets) if value <= le), len(buckets))
+        with self.lock:
+            h = self.histograms[name]
+            h[0][index] += times
+            h[1] += value * times
+            h[2] += times
+
+    def observe_request(self, ttft: float, e2e: float, tokens: int) -> None:
+        self.observe("vllm:time_to_first_token_seconds", ttft)
+        self.observe("vllm:inter_token_latency_seconds", (e2e - ttft) / max(tokens - 1, 1), tokens - 1)
+        self.observe("vllm:e2e_request_latency_seconds", e2e)
 
     @staticmethod
     def _success_key(reason: str) -> str:
@@ -620,6 +661,21 @@ class State:
         for reason in FINISH_REASONS:
             labels = f'engine="{eng}",finished_reason="{reason}",model_name="{mn}"'
             out.append(f"{name}_created{{{labels}}} {created}\n")
+        if self.histograms is not None:
+            with self.lock:
+                hists = {n: (list(h[0]), h[1], h[2]) for n, h in self.histograms.items()}
+            for name, doc, buckets in HISTOGRAM_FAMILIES:
+                counts, total, count = hists[name]
+                out.append(f"# HELP {name} {doc}\n# TYPE {name} histogram\n")
+                cumulative = 0
+                for le, n in zip([*buckets, math.inf], counts):
+                    cumulative += n
+                    out.append(f'{name}_bucket{{engine="{eng}",le="{_float_to_go_string(le)}",model_name="{mn}"}} '
+                               f"{_float_to_go_string(cumulative)}\n")
+                out.append(f"{name}_count{{{base}}} {_float_to_go_string(count)}\n")
+                out.append(f"{name}_sum{{{base}}} {_float_to_go_string(total)}\n")
+                out.append(f"# HELP {name}_created {doc}\n# TYPE {name}_created gauge\n")
+                out.append(f"{name}_created{{{base}}} {created}\n")
         out.append("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
                    "# TYPE process_start_time_seconds gauge\n"
                    f"process_start_time_seconds {_float_to_go_string(round(PROCESS_START, 2))}\n")
@@ -757,6 +813,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _completion(self, chat: bool) -> None:
         st = self.state
+        t0 = time.monotonic()
         body = self._read_json()
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
@@ -839,9 +896,11 @@ class Handler(BaseHTTPRequestHandler):
                                      "InternalServerError") from None
             if st.request_delay > 0:
                 time.sleep(st.request_delay)
+            t_first = time.monotonic()
             if ENGINE is not None:
                 ENGINE.generate(max_tokens)
             st.account(text, prompt_tokens, max_tokens, remote)
+            st.observe_request(t_first - t0, time.monotonic() - t0, max_tokens)
         finally:
             st.running(-1)
         usage = {
