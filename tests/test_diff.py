@@ -358,6 +358,9 @@ def test_a_decode_flag_as_a_pr_comment_is_short_and_leads_with_the_verdict():
     assert not [line for line in md.splitlines() if line[:1] in "+-" and "running_with" in line]
     assert "24 process fingerprint line(s) change" in md
     assert "service (P/D as a whole): outage" in text(change)
+    # The restart goes through the slots, but decode has no spare instance: not "rolling".
+    assert "| d0 | restart | outage (no spare instance) | decode-0 ranks 0,1,2,3,4,5,6,7 |" in md
+    assert "| rolling |" not in md
 
 
 def test_a_markdown_report_always_fits_a_comment_and_points_to_the_full_report():

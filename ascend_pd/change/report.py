@@ -11,7 +11,7 @@ from typing import Any
 from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE
 from .compare import FAILS, NOT_RUN, Change, ScriptChange
 from ..term import Block, Table, plain
-from .effect import AT_END, REPLACED, RESTART, START, STOP, Process
+from .effect import AT_END, REPLACED, RESTART, ROLLING, START, STOP, Process
 
 # GitHub refuses a comment over 65,536 characters: the markdown report stays under this, the rest
 # of it is in the full report (the CI artifact, or `diff --format text` locally).
@@ -175,8 +175,12 @@ def restart_rows(change: Change) -> list[tuple[str, str, str, str]]:
     """(node, action, how, what) for every process that starts, stops or restarts."""
     rows = []
     order = {START: 1, RESTART: 0, STOP: 2}
+    # "rolling" goes through the restart slots; where the role has no spare instance that is still an outage.
+    down = {r.role for r in change.effect.roles if r.restarting and not r.serving}
     for action, how, node, names in sorted(_process_groups(change.effect.processes),
                                            key=lambda g: (g[2], order.get(g[0], 9))):
+        if how == ROLLING and any(n.split("-", 1)[0] in down for n in names):
+            how = "outage (no spare instance)"
         rows.append((node, action, how, _ranks_text(names)))
     return rows
 
