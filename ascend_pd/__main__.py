@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
         term.write(summary_blocks(plan))
         if args.out:
+            from .dashboard import write_dashboard
             from .monitoring import MONITORING_DIR, write_monitoring
 
             try:
@@ -294,12 +295,14 @@ def main(argv: list[str] | None = None) -> int:
                     files = write_scripts(plan, args.out, progress=update)
                 # Beside the node directories: a node may not be named like it (config.py refuses that name).
                 monitoring = write_monitoring(plan, plan.cfg.monitoring, args.out / MONITORING_DIR)
+                dash = write_dashboard(plan, plan.cfg.monitoring, args.out / MONITORING_DIR)
             except OSError as exc:
                 print(f"render: cannot write under {args.out}: {exc.strerror or exc} ({exc.filename or args.out})",
                       file=sys.stderr)
                 return 2
             print(f"\nwrote {len(files)} scripts for {len(plan.nodes)} nodes under {args.out}, and "
-                  f"{len(monitoring)} Prometheus files under {args.out / MONITORING_DIR}")
+                  f"{len(monitoring)} Prometheus files and a Grafana dashboard ({dash.name}) under "
+                  f"{args.out / MONITORING_DIR}")
     elif args.command == "doctor":
         return _doctor(plan, args)
     elif args.command == "status":

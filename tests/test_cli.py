@@ -240,4 +240,5 @@ def test_render_out_writes_scripts_and_prometheus_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(["d0", "d1", "d2", "d3", "p0", "p1", "p2", "p3", "monitoring"])
     assert (out / "monitoring" / "prometheus.yml").is_file() and (out / "monitoring" / "rules" / "alerts.yml").is_file()
-    assert f"Prometheus files under {out / 'monitoring'}" in proc.stdout
+    assert (out / "monitoring" / "grafana-dashboard.json").is_file()
+    assert f"Prometheus files and a Grafana dashboard (grafana-dashboard.json) under {out / 'monitoring'}" in proc.stdout
