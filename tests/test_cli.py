@@ -107,6 +107,13 @@ class Tarpit:
             c.close()
 
 
+def _sigint_default() -> None:
+    """SIGINT as a terminal's foreground job has it. tests/run starts pytest as a background job of a
+    non-interactive bash, which ignores SIGINT, and an ignored SIGINT is inherited (Python then installs
+    no KeyboardInterrupt handler at all): the command would never see the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_doctor(tmp_path):
     """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) while doctor waits on a
     node that never answers: one line, exit 130, no KeyboardInterrupt traceback, no ssh left behind."""
@@ -119,7 +126,8 @@ def test_ctrl_c_during_doctor(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "ascend_pd", "doctor", "--stack", "test", "--project-dir", str(tmp_path / "proj"),
              "--connect-timeout", "60", "--timeout", "120"],
-            cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=_sigint_default)
         deadline = time.monotonic() + 30
         while not pits["n0"].held and time.monotonic() < deadline:  # doctor's ssh is connected and waiting
             time.sleep(0.05)
