@@ -12,13 +12,12 @@ from __future__ import annotations
 import re
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, field_validator
 
 from .monitoring import Monitoring
 from .valuetypes import (AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey, ImageRef,
                          Interleave, IPv4, ModelName, Name, Nic, OwnedFile, OwnedPath, Port, PythonIdentifier,
-                         PythonModule, Seconds, SoftwareVersion, SshUser, Text, Word, WorkerFlagKey)
+                         PythonModule, Seconds, Settings, SoftwareVersion, SshUser, Text, Word, WorkerFlagKey)
 
 PROJECT = "ascend-pd"
 
@@ -70,10 +69,7 @@ FlagValue = Union[bool, int, float, Text, dict, list, None]
 EnvValue = Union[Text, int, float, bool]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, alias_generator=to_camel, populate_by_name=False
-    )
+_Model = Settings
 
 
 class Node(_Model):

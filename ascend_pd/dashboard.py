@@ -167,7 +167,6 @@ def dashboard(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict:
     for role in ROLES:
         role_m = ("role", "=", role)
         per_instance = _sel(stack_m, role_m, role_var_m, instance_m)
-        per_role = _sel(stack_m, role_m, role_var_m)
         board = board.with_row(db.Row(f"{role}").id(next(ids)))
         board = board.with_panel(graph(
             f"{role}: throughput", f"Requests finished per second over {w}, per instance: served (finished_reason "

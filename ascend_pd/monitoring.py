@@ -51,10 +51,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
-from .valuetypes import SECONDS
+from .valuetypes import SECONDS, Settings
 
 if TYPE_CHECKING:  # config.py imports this module (StackConfig.monitoring): no import of config or plan here
     from .plan import Plan
@@ -99,13 +98,8 @@ def _seconds(ge: int, le: int):
     return Annotated[int, Field(strict=True, ge=ge, le=le), SECONDS]
 
 
-class Monitoring(BaseModel):
+class Monitoring(Settings):
     """The Prometheus configuration `render --out` writes for the stack (scrape targets, rules, alerts)."""
-
-    # = config._Model's (config.py imports this module, so it cannot be imported from there).
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, alias_generator=to_camel, populate_by_name=False
-    )
 
     scrape_interval_s: _seconds(1, 15) = Field(5, description=(
         "How often Prometheus reads every rank's and etcd's `/metrics`, and evaluates the rules, in seconds."))

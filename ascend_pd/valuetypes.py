@@ -16,7 +16,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
-from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
 
 
 @dataclass(frozen=True)
@@ -250,3 +251,11 @@ def Port(**bounds: int):  # noqa: N802 - reads like a type at the use site
 def Seconds(ge: int):  # noqa: N802
     """A duration in whole seconds that bash arithmetic can hold with room to spare."""
     return Annotated[int, Field(strict=True, ge=ge, le=BASH_SECONDS_MAX), SECONDS]
+
+
+class Settings(BaseModel):
+    """The base of every section of the stack file (config.py, monitoring.py): unknown keys are errors,
+    values are never coerced, keys are written camelCase."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, alias_generator=to_camel,
+                              populate_by_name=False)

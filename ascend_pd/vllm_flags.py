@@ -4,9 +4,10 @@ which releases and how the list was made)."""
 
 from __future__ import annotations
 
-import difflib
 from functools import lru_cache
 from pathlib import Path
+
+from .errors import did_you_mean
 
 FLAGS_FILE = Path(__file__).resolve().parent / "data" / "vllm_flags.txt"
 RELEASES = "vLLM 0.18.0 and 0.20.2"  # = the header of FLAGS_FILE
@@ -21,5 +22,4 @@ def known_flags() -> frozenset[str]:
 def closest_flag(name: str) -> str | None:
     """The known flag `name` most likely misspells, or None. The cutoff is high: the list holds
     many names that differ by one word (`enable-log-requests`, `enable-log-outputs`)."""
-    match = difflib.get_close_matches(name, known_flags(), n=1, cutoff=0.8)
-    return match[0] if match else None
+    return did_you_mean(name, sorted(known_flags()), cutoff=0.8)

@@ -169,7 +169,7 @@ def test_one_node_down_is_one_rank_row_and_one_problem(tmp_path):
         out = io.StringIO()
         assert run(plan, timeouts=CALM, smoke=False, out=out, err=io.StringIO()) == 1
     text = out.getvalue()
-    assert re.search(rf"\nn0 +127\.0\.5\.20 +ok +2 ranks, worker, etcd, proxy\n", text), text
+    assert re.search(r"\nn0 +127\.0\.5\.20 +ok +2 ranks, worker, etcd, proxy\n", text), text
     assert re.search(rf"\nn1 +{n1} +UNREACHABLE +2 ranks, worker: {re.escape(REFUSED)}\n", text), text
     # The rank table: n0's ranks one by one, n1's as one row.
     assert re.search(r"\nprefill-0-r1 +n0 +127\.0\.5\.20:17101 +ok ", text), text
