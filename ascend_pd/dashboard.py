@@ -216,7 +216,14 @@ def dashboard(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict:
                     query(f"{rec(INSTANCE.prefix, 'vllm_external_prefix_cache_hits')}{per_instance}",
                           "{{instance}}", "A"),
                     query(f"{rec(CLUSTER.prefix, 'vllm_pd_handover_tokens')}{_sel(stack_m)}", "stack", "B"),
-                ], span=16))
+                ], span=12))
+            board = board.with_panel(graph(
+                "decode: prompt tokens computed by decode",
+                f"Share of decode's prompt tokens it computed itself over {w}: neither received from prefill nor in "
+                f"its own prefix cache (1 - (local + external hits) / external queries). About 0 when P/D works; "
+                f"above decodeSelfPrefillPercent the decode-only fallback alert fires (a partial fallback too).",
+                "percentunit", [query(f"{rec(INSTANCE.prefix, 'vllm_decode_self_prefill_ratio')}{per_instance}",
+                                      "{{instance}}", "A")], span=12, ratio=True))
 
     # -- health
     board = board.with_row(db.Row("health").id(next(ids)))

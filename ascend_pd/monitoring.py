@@ -9,12 +9,15 @@ What is scraped (`targets/*.json`, Prometheus `file_sd` files, one target per en
   `instance` (the DP instance, `prefill-0`: it replaces Prometheus' default host:port instance
   label), `dp_rank`, `node` and `rank` (`prefill-0-r1`, the name `status` uses);
 * etcd's `/metrics` (job `ascend-pd-etcd`), which etcd serves on its client URL, labelled `stack`,
-  `role="etcd"`, `node`.
+  `role="etcd"`, `node`;
+* the site's node_exporter on every node (job `ascend-pd-node`, `monitoring.nodeExporterPort`, null: not),
+  labelled `stack`, `role="node"`, `node`: the huge pages the plan reserves;
+* `ascend-pd exporter` (job `ascend-pd-exporter`, when `monitoring.exporter` names where it runs): what no
+  component exports, read the way `status` reads it (worker registrations and rollout slots in etcd, the
+  proxy's `/healthcheck`, a P/D smoke completion through the proxy).
 
-Not scraped, because there is nothing to scrape: the PD proxy (the release's proxy script has no
-`/metrics`; `status` checks it with its `/healthcheck` and a smoke completion), the openYuanrong
-workers (no Prometheus endpoint; their registrations in etcd are what `status` reads), and host huge
-pages (no exporter is deployed; `doctor` checks them).
+The PD proxy (the release's proxy script has no `/metrics`) and the openYuanrong workers (no Prometheus
+endpoint) are not scraped themselves: the exporter reports on them.
 
 Recording rules (`rules/recording.yml`), the numbers `status` computes, at three levels, named
 `<level>:<metric>:<operation>` with level `stack_role_instance` (labels stack, role, instance),
@@ -36,11 +39,15 @@ status: decode's external hits are KV received from prefill and would count ever
   older releases call it `vllm:time_per_output_token_seconds`, used when the new one is absent) and
   `vllm_e2e_request_latency_seconds`. No requests in the window: nothing recorded (not NaN).
 * the prefill -> decode hand-over: the rate of decode's `vllm:external_prefix_cache_hits_total` (KV
-  tokens received from prefill), per decode instance and as `stack:vllm_pd_handover_tokens:rate<window>`.
+  tokens received from prefill), per decode instance and as `stack:vllm_pd_handover_tokens:rate<window>`;
+  and `vllm_decode_self_prefill_ratio:rate<window>` per decode instance and role: the share of its prompt
+  tokens a decode computed itself (1 - (LH + EH) / EQ; about 0 when every prompt came from prefill).
+* `vllm_request_error_ratio:rate<window>` per instance and role: finished requests that ended in `error`.
 
 Alerts (`rules/alerts.yml`), thresholds from the stack (`hang.seconds`) and `Monitoring`; each with a
 `summary`, a `description` and a one-line `runbook` (what it means, the command that confirms it, the
-fix): see ALERTS below.
+fix): see `alerts`. The rank, etcd and KV pool alerts always; the huge pages alerts with node_exporter; the
+worker, rollout, proxy and smoke alerts with the exporter.
 """
 
 from __future__ import annotations
@@ -51,15 +58,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from .valuetypes import SECONDS, Settings
+from .valuetypes import SECONDS, DockerName, HostPort, ImageRef, Name, OwnedPath, Port, Settings
 
 if TYPE_CHECKING:  # config.py imports this module (StackConfig.monitoring): no import of config or plan here
     from .plan import Plan
 
 JOB_RANKS = "ascend-pd-vllm"
 JOB_ETCD = "ascend-pd-etcd"
+JOB_NODES = "ascend-pd-node"  # the site's node_exporter on every node (monitoring.nodeExporterPort)
+JOB_EXPORTER = "ascend-pd-exporter"  # `ascend-pd exporter` (monitoring.exporter)
 RANK_LABELS = ("stack", "role", "instance", "dp_rank", "node", "rank")  # of every rank target
 QUANTILES = (0.5, 0.99)
 # vLLM's latency histograms (vllm/v1/metrics/loggers.py): (recorded name, metric, the name older vLLM
@@ -80,6 +89,16 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 SUCCESSES = "vllm:request_success_total"
 SERVED = "stop|length"  # finished reasons of a request a rank completed (pd_smoke.SERVED); the others failed
 FAILED = "abort|error"
+ERROR = "error"  # a request the engine failed (a KV load from prefill, an engine error); abort = the client left
+# `ascend-pd exporter`'s families (ascend_pd/exporter.py)
+WORKER_REGISTERED = "ascend_pd_worker_registered"
+SLOT_HELD = "ascend_pd_rollout_slot_held_seconds"
+ROLLOUT_FAILED_METRIC = "ascend_pd_rollout_failed"
+PROXY_UP = "ascend_pd_proxy_up"
+SMOKE_SUCCESS = "ascend_pd_smoke_success"
+# node_exporter's /proc/meminfo families
+HUGEPAGES_TOTAL = "node_memory_HugePages_Total"
+HUGEPAGE_SIZE = "node_memory_Hugepagesize_bytes"
 # The hang rule's "counters moved" window, in scrape intervals: at least two samples must lie in it. The
 # rule holds while a rank is busy and neither counter changed within it, and fires once it held for
 # hang.seconds: never before the counters were seen flat that long (also right after Prometheus starts),
@@ -101,11 +120,25 @@ def _seconds(ge: int, le: int):
 class Monitoring(Settings):
     """The Prometheus configuration `render --out` writes for the stack (scrape targets, rules, alerts)."""
 
+    @model_validator(mode="after")
+    def _windows_hold_scrapes(self) -> "Monitoring":
+        if self.rate_window_s < 4 * self.scrape_interval_s:
+            raise ValueError(
+                f"monitoring.rateWindowS {self.rate_window_s} holds fewer than four scrapes of "
+                f"monitoring.scrapeIntervalS {self.scrape_interval_s}: a rate needs two samples even when one scrape "
+                f"fails; set rateWindowS to at least {4 * self.scrape_interval_s}")
+        if self.baseline_window_s < 2 * self.rate_window_s:
+            raise ValueError(
+                f"monitoring.baselineWindowS {self.baseline_window_s} is shorter than twice monitoring.rateWindowS "
+                f"{self.rate_window_s}: the hit-rate drop alert compares the last rateWindowS with a baseline that "
+                f"window would dominate; set baselineWindowS to at least {2 * self.rate_window_s}")
+        return self
+
     scrape_interval_s: _seconds(1, 15) = Field(5, description=(
         "How often Prometheus reads every rank's and etcd's `/metrics`, and evaluates the rules, in seconds."))
-    rate_window_s: _seconds(60, 3600) = Field(300, description=(
+    rate_window_s: _seconds(4, 3600) = Field(300, description=(
         "Window of the recorded rates, hit ratios over time and latency quantiles, and of the decode-only "
-        "fallback alert, in seconds (at least 60: four scrapes of the longest interval fit in it)."))
+        "fallback and request error alerts, in seconds (at least four scrapes: `4 × scrapeIntervalS`)."))
     baseline_window_s: _seconds(600, 86400) = Field(3600, description=(
         "Window of the KV pool hit rate's own baseline that the hit-rate drop alert compares the last "
         "`rateWindowS` with, in seconds."))
@@ -116,6 +149,38 @@ class Monitoring(Settings):
     min_baseline_percent: int = Field(5, ge=0, le=100, description=(
         "The hit-rate drop alert applies only while the pool's baseline hit rate is at least this many percent "
         "(a drop from a tiny baseline is noise)."))
+    node_exporter_port: Optional[Port(ge=1, le=65535)] = Field(9100, description=(
+        "Port of the site's Prometheus node_exporter on every node, scraped for the huge pages alert (`null`: not "
+        "scraped, and no huge pages alert). A node_exporter that does not answer raises a warning of its own."))
+    exporter: Optional[HostPort] = Field(None, description=(
+        "`host:port` where `ascend-pd exporter` serves the cluster facts that no component exports (worker "
+        "registrations in etcd, rollout slots, the P/D smoke completion through the proxy); unset: not scraped, "
+        "and the alerts on them are not generated."))
+    smoke_interval_s: _seconds(5, 3600) = Field(30, description=(
+        "How often `ascend-pd exporter` sends its one-token P/D smoke completion through the proxy, in seconds."))
+    node: Optional[Name] = Field(None, description=(
+        "Node on which `pulumi up` runs Prometheus (in a container of its own, host network) with the generated "
+        "configuration and rules, after the proxy; unset: nothing is deployed (a site's own Prometheus takes the "
+        "files `render --out` writes)."))
+    image: ImageRef = Field("quay.io/prometheus/prometheus:v2.53.4", description=(
+        "Prometheus image run on `monitoring.node` (a registry mirror the nodes can pull from, as for "
+        "`container.image`)."))
+    port: Port() = Field(9090, description="Port of Prometheus' web UI and API on `monitoring.node`.")
+    dir: OwnedPath = Field("/var/lib/ascend-pd/prometheus", description=(
+        "Directory on `monitoring.node`'s host holding the generated configuration (`config/`) and the TSDB "
+        "(`data/`); destroy removes the configuration and keeps the data."))
+    container_name: DockerName = Field("ascend-pd-prometheus", description=(
+        "Name of the Prometheus container on `monitoring.node`."))
+    retention_days: int = Field(15, ge=1, le=3650, description=(
+        "Days of samples Prometheus on `monitoring.node` keeps (`--storage.tsdb.retention.time`)."))
+    decode_self_prefill_percent: int = Field(25, ge=1, le=100, description=(
+        "The decode-only fallback alert fires for a decode rank that computed more than this many percent of its "
+        "requests' prompt tokens itself over `rateWindowS` (neither received from prefill nor in its own prefix "
+        "cache), or served requests while receiving no KV at all. A healthy decode computes at most each prompt's "
+        "last token."))
+    error_percent: int = Field(5, ge=1, le=100, description=(
+        "The request error alert fires for an instance when more than this many percent of the requests it "
+        "finished over `rateWindowS` ended in `error` (client aborts do not count)."))
     alert_for_s: _seconds(0, 3600) = Field(120, description=(
         "How long a condition must hold before its alert fires (rank or etcd down, no etcd leader, decode-only "
         "fallback, hit-rate drop), in seconds; a hang waits `hang.seconds` instead."))
@@ -172,9 +237,11 @@ def _ratio(num: str, den: str) -> str:
 # Targets
 
 
-def targets(plan: "Plan") -> dict[str, list[dict]]:
-    """file_sd contents by file name (under targets/): one entry per rank and one for etcd. The proxy
-    (no /metrics) and the openYuanrong workers (no Prometheus endpoint) have none."""
+def targets(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict[str, list[dict]]:
+    """file_sd contents by file name (under targets/): one entry per rank and one for etcd; the node_exporter
+    of every node (unless nodeExporterPort is null) and `ascend-pd exporter` (if monitoring.exporter is set).
+    The proxy (no /metrics) and the openYuanrong workers (no Prometheus endpoint) have none: the exporter
+    reports on them."""
     out: dict[str, list[dict]] = {}
     for role in ("prefill", "decode"):
         out[f"{role}.json"] = [
@@ -185,7 +252,23 @@ def targets(plan: "Plan") -> dict[str, list[dict]]:
         ]
     e = plan.etcd
     out["etcd.json"] = [{"targets": [e.endpoint], "labels": {"stack": plan.stack, "role": "etcd", "node": e.node}}]
+    if monitoring.node_exporter_port is not None:
+        out["nodes.json"] = [{"targets": [f"{n.address}:{monitoring.node_exporter_port}"],
+                              "labels": {"stack": plan.stack, "role": "node", "node": n.name}} for n in plan.nodes]
+    if monitoring.exporter is not None:
+        # No role label: the exporter's own series carry role (of a rollout slot) and stack (honor_labels).
+        out["exporter.json"] = [{"targets": [monitoring.exporter], "labels": {"stack": plan.stack}}]
     return out
+
+
+def _jobs(monitoring: Monitoring) -> list[tuple[str, list[str]]]:
+    """(job name, its target files) of every scrape job."""
+    jobs = [(JOB_RANKS, ["prefill.json", "decode.json"]), (JOB_ETCD, ["etcd.json"])]
+    if monitoring.node_exporter_port is not None:
+        jobs.append((JOB_NODES, ["nodes.json"]))
+    if monitoring.exporter is not None:
+        jobs.append((JOB_EXPORTER, ["exporter.json"]))
+    return jobs
 
 
 def prometheus_config(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict:
@@ -194,10 +277,11 @@ def prometheus_config(plan: "Plan", monitoring: Monitoring = Monitoring()) -> di
         "global": {"scrape_interval": every, "scrape_timeout": every, "evaluation_interval": every},
         "rule_files": [RECORDING_YML, ALERTS_YML],
         "scrape_configs": [
-            {"job_name": JOB_RANKS, "metrics_path": "/metrics",
-             "file_sd_configs": [{"files": ["targets/prefill.json", "targets/decode.json"], "refresh_interval": "1m"}]},
-            {"job_name": JOB_ETCD, "metrics_path": "/metrics",
-             "file_sd_configs": [{"files": ["targets/etcd.json"], "refresh_interval": "1m"}]},
+            {"job_name": job, "metrics_path": "/metrics",
+             # The exporter labels its series itself (stack, role of a rollout slot): keep them as they are.
+             **({"honor_labels": True} if job == JOB_EXPORTER else {}),
+             "file_sd_configs": [{"files": [f"targets/{f}" for f in names], "refresh_interval": "1m"}]}
+            for job, names in _jobs(monitoring)
         ],
     }
 
@@ -234,6 +318,20 @@ def _hit_ratio_rules(stack: str, level: Level, window: Optional[str]) -> list[di
     return rules
 
 
+def _self_prefill(stack: str, level: Level, w: str) -> str:
+    """The share of a decode's prompt tokens it computed itself over w: neither received from prefill
+    (external hits) nor found in its own prefix cache (local hits), of the tokens its connector was asked
+    for (external queries: every prompt token, with or without prefix caching). Healthy: about 0."""
+    inc = lambda metric: _sum(level, f"increase({metric}{level.sel(stack)}[{w}])")  # noqa: E731
+    return f"1 - ({inc(LOCAL_HITS)} + {inc(EXTERNAL_HITS)}) / ({inc(EXTERNAL_QUERIES)} > 0)"
+
+
+def _error_ratio(stack: str, level: Level, w: str) -> str:
+    """Finished requests that ended in `error` over w, of all finished (only where some finished)."""
+    return _ratio(_sum(level, f"rate({SUCCESSES}{level.sel(stack, finished_reason=ERROR)}[{w}])"),
+                  _sum(level, f"rate({SUCCESSES}{level.sel(stack)}[{w}])"))
+
+
 def recording_rules(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict:
     s = plan.stack
     w = duration(monitoring.rate_window_s)
@@ -253,6 +351,11 @@ def recording_rules(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict
             _record(f"{level.prefix}:vllm_request_failure:rate{w}",
                     _sum(level, f"rate({SUCCESSES}{level.sel(s, finished_reason=FAILED)}[{w}])")),
         ]
+    for level in (INSTANCE, ROLE):
+        requests.append(_record(f"{level.prefix}:vllm_request_error_ratio:rate{w}", _error_ratio(s, level, w)))
+    for level in (INSTANCE, ROLE):
+        dec = Level(level.prefix, level.by, "decode")
+        requests.append(_record(f"{level.prefix}:vllm_decode_self_prefill_ratio:rate{w}", _self_prefill(s, dec, w)))
     decode = INSTANCE.sel(s, role="decode")
     requests += [
         _record(f"stack_role_instance:vllm_external_prefix_cache_hits:rate{w}",
@@ -302,7 +405,8 @@ def hang_window_s(monitoring: Monitoring) -> int:
     return HANG_WINDOW_SCRAPES * monitoring.scrape_interval_s
 
 
-def alerts(plan: "Plan", monitoring: Monitoring = Monitoring()) -> list[Alert]:
+def _cluster_alerts(plan: "Plan", monitoring: Monitoring) -> list[Alert]:
+    """The ranks', etcd's and the KV pool's alerts (always generated)."""
     s, m = plan.stack, monitoring
     cmd = f"ascend-pd status --stack {s}"
     heal = f"ascend-pd heal --stack {s}"
@@ -313,6 +417,7 @@ def alerts(plan: "Plan", monitoring: Monitoring = Monitoring()) -> list[Alert]:
     by_rank = ", ".join(RANK_LABELS)
     rank = INSTANCE.sel(s)
     decode = INSTANCE.sel(s, role="decode")
+    dec_rank = Level("stack_role_instance", by_rank, "decode")
     drop = m.hit_rate_drop_percent
     base = duration(m.baseline_window_s)
     who = "rank {{ $labels.rank }} ({{ $labels.instance }}, node {{ $labels.node }})"
@@ -339,17 +444,30 @@ def alerts(plan: "Plan", monitoring: Monitoring = Monitoring()) -> list[Alert]:
         ),
         Alert(
             "AscendPdDecodeOnlyFallback",
-            f"(sum by (stack, role, instance) (increase({SUCCESSES}{INSTANCE.sel(s, role='decode', finished_reason=SERVED)}[{w}])) > 0)"
-            f" and on (stack, role, instance)"
-            f" (sum by (stack, role, instance) (increase({EXTERNAL_HITS}{decode}[{w}])) == 0)",
+            f"({_self_prefill(s, dec_rank, w)} > {m.decode_self_prefill_percent / 100:g})"
+            f" or ((sum by ({by_rank}) (increase({SUCCESSES}{INSTANCE.sel(s, role='decode', finished_reason=SERVED)}[{w}])) > 0)"
+            f" and on ({by_rank}) (sum by ({by_rank}) (increase({EXTERNAL_HITS}{decode}[{w}])) == 0))",
             m.alert_for_s, "warning",
-            "Decode instance {{ $labels.instance }} serves without KV from prefill",
-            f"{{{{ $labels.instance }}}} finished requests in the last {w} but received no KV cache from prefill "
-            f"({EXTERNAL_HITS} flat): requests bypass prefill and decode recomputes every prompt (decode-only "
-            f"fallback).",
-            f"P/D hand-over broken: prefill returns no kv_transfer_params or decode cannot pull. Confirm: `{cmd}` "
-            f"(the smoke completion names the side that did not take part). Fix: read the prefill ranks' logs "
-            f"(Mooncake/kv_transfer errors), then `{heal}` or `{redo}`.",
+            f"Decode {who} computes prompts itself",
+            f"{who} computed more than {m.decode_self_prefill_percent}% of its prompt tokens itself in the last {w}, "
+            f"or served requests without receiving any KV from prefill: requests bypass prefill, fully or partly, "
+            f"and decode recomputes their prompts (decode-only fallback: slow answers, green health).",
+            f"P/D hand-over broken for this rank: prefill returns no kv_transfer_params, or this decode does not "
+            f"load them. Confirm: `{cmd}` (the smoke completion names the side that did not take part) and the "
+            f"recorded stack_role_instance:vllm_decode_self_prefill_ratio:rate{w}. Fix: read the rank's and the "
+            f"prefill ranks' logs (Mooncake/kv_transfer errors), then `{heal}` or `{redo}`.",
+        ),
+        Alert(
+            "AscendPdRequestErrors",
+            f"{_error_ratio(s, INSTANCE, w)} > {m.error_percent / 100:g}",
+            m.alert_for_s, "critical",
+            "Instance {{ $labels.instance }} fails requests",
+            f"More than {m.error_percent}% of the requests {{{{ $labels.instance }}}} finished in the last {w} ended "
+            f"in error (a decode's failed KV load from prefill, an engine error); through the proxy these are "
+            f"failed or empty answers.",
+            f"Requests fail on this instance. Confirm: `{cmd}` (the smoke completion; a decode's failed KV load "
+            f"shows as an empty answer). Fix: read the instance's rank logs (Mooncake transfer errors: the prefill "
+            f"side channel or the fabric), then `{heal}`.",
         ),
         Alert(
             "AscendPdKvPoolHitRateDrop",
@@ -384,8 +502,111 @@ def alerts(plan: "Plan", monitoring: Monitoring = Monitoring()) -> list[Alert]:
     ]
 
 
+def _node_alerts(plan: "Plan", m: Monitoring) -> list[Alert]:
+    """The huge pages alert from the site's node_exporter (monitoring.nodeExporterPort)."""
+    if m.node_exporter_port is None:
+        return []
+    s = plan.stack
+    node = f'{{job={_q(JOB_NODES)},stack={_q(s)}}}'
+    out = [Alert(
+        "AscendPdNodeExporterDown", f"up{node} == 0", m.alert_for_s, "warning",
+        "node_exporter on {{ $labels.node }} does not answer",
+        f"Prometheus cannot read node_exporter on {{{{ $labels.node }}}} (port {m.node_exporter_port}): the huge "
+        f"pages of that node are not watched.",
+        f"No node_exporter there. Confirm: `curl -s http://<node>:{m.node_exporter_port}/metrics | head`. Fix: run "
+        f"the site's node_exporter on every node, or set `monitoring.nodeExporterPort` to its port, or to null "
+        f"when the site has none (no huge pages alert then).",
+    )]
+    if plan.cfg.hugepages is not None:
+        gib = plan.cfg.hugepages.gib
+        out.append(Alert(
+            "AscendPdHugepagesBelowPlan", f"{HUGEPAGES_TOTAL}{node} * {HUGEPAGE_SIZE}{node} < {gib * 2 ** 30}",
+            m.alert_for_s, "critical",
+            "Huge pages of {{ $labels.node }} below the plan",
+            f"{{{{ $labels.node }}}} has less than hugepages.gib = {gib} GiB of huge pages reserved (a reboot resets "
+            f"nr_hugepages): its openYuanrong worker cannot map its shared memory on restart.",
+            f"The host lost its huge pages. Confirm: `ascend-pd doctor --stack {s} --only memory`. Fix: "
+            f"`pulumi config set ascend-pd:converge $(date +%s) --stack {s} && pulumi up --stack {s}` reserves "
+            f"them again.",
+        ))
+    return out
+
+
+def _exporter_alerts(plan: "Plan", m: Monitoring) -> list[Alert]:
+    """What `ascend-pd exporter` reports (monitoring.exporter): workers, rollouts, the proxy and the smoke."""
+    if m.exporter is None:
+        return []
+    from .scripts.launch import restart_bound_s  # scripts imports plan, which imports config, which imports this
+
+    s = plan.stack
+    cmd = f"ascend-pd status --stack {s}"
+    heal = f"ascend-pd heal --stack {s}"
+    redo = f"pulumi config set ascend-pd:converge $(date +%s) --stack {s} && pulumi up --stack {s}"
+    sel = f"{{job={_q(JOB_EXPORTER)},stack={_q(s)}}}"
+    bound = restart_bound_s(plan.cfg)
+    return [
+        Alert(
+            "AscendPdExporterDown", f"up{sel} == 0", m.alert_for_s, "warning",
+            "ascend-pd exporter of {{ $labels.stack }} does not answer",
+            f"Prometheus cannot read `ascend-pd exporter` at {m.exporter}: worker registrations, rollout slots, the "
+            f"proxy and the P/D smoke are not watched.",
+            f"The exporter is not running. Confirm: `curl -s http://{m.exporter}/metrics | head`. Fix: start "
+            f"`ascend-pd exporter --stack {s}` where monitoring.exporter says (its unit's log tells why it stopped).",
+        ),
+        Alert(
+            "AscendPdWorkerMissing", f"{WORKER_REGISTERED}{sel} == 0", m.alert_for_s, "warning",
+            "openYuanrong worker of {{ $labels.node }} is not registered",
+            f"The openYuanrong worker of {{{{ $labels.node }}}} ({{{{ $labels.address }}}}) has no registration in "
+            f"etcd: the KV pool lacks that node's memory, and its ranks' cache lookups fail or miss.",
+            f"Worker dead or its lease lost. Confirm: `{cmd}` (workers). Fix: `{heal}` restarts the worker and the "
+            f"instance on its node.",
+        ),
+        Alert(
+            "AscendPdRolloutStuck", f"{SLOT_HELD}{sel} > {bound}", 0, "warning",
+            "Restart of {{ $labels.instance }} holds its rollout slot too long",
+            f"{{{{ $labels.instance }}}} has held a {{{{ $labels.role }}}} restart slot longer than a restart may "
+            f"take ({bound}s: stop, rollout.drainTimeoutS, container replacement, worker restart and model load, "
+            f"vllm.readyTimeoutS): the role's other restarts wait for it.",
+            f"A restart hangs (model load, a rank that never answers /health). Confirm: `{cmd}` (rollout slots) and "
+            f"the `pulumi up` output of the instance's launch. Fix: the launch's log on its nodes says what waits; "
+            f"the slot frees itself when its lease ends; then `pulumi up --stack {s}` again.",
+        ),
+        Alert(
+            "AscendPdRolloutFailed", f"{ROLLOUT_FAILED_METRIC}{sel} == 1", 0, "warning",
+            "Rollout of role {{ $labels.role }} stopped: {{ $labels.instance }} failed",
+            f"The restart of {{{{ $labels.instance }}}} failed and marked the {{{{ $labels.role }}}} rollout failed: "
+            f"the role's other instances keep their old version until it is fixed.",
+            f"A restart failed. Confirm: `{cmd}` (rollout). Fix: fix what the instance's launch output names, then "
+            f"`pulumi up --stack {s}` (the mark goes when that instance serves again).",
+        ),
+        Alert(
+            "AscendPdProxyDown", f"{PROXY_UP}{sel} == 0", m.alert_for_s, "critical",
+            "PD proxy of {{ $labels.stack }} does not answer",
+            f"The PD proxy at {plan.proxy.url} does not answer /healthcheck: no request reaches the cluster.",
+            f"The proxy process is dead or its node is down. Confirm: `{cmd}` (proxy). Fix: `{redo}` starts it "
+            f"again.",
+        ),
+        Alert(
+            "AscendPdSmokeFailing", f"{SMOKE_SUCCESS}{sel} == 0", m.alert_for_s, "critical",
+            "Requests through the PD proxy of {{ $labels.stack }} fail",
+            f"The exporter's smoke completion through {plan.proxy.url} (every monitoring.smokeIntervalS = "
+            f"{m.smoke_interval_s}s) failed, came back empty, or was not served by both a prefill and a decode rank.",
+            f"Users get failed or empty answers, or decode-only ones. Confirm: `{cmd}` (the smoke line names what "
+            f"failed). Fix: follow the failing side: a rank down or hung (`{heal}`), the proxy (`{redo}`), the KV "
+            f"hand-over (rank logs).",
+        ),
+    ]
+
+
+def alerts(plan: "Plan", monitoring: Monitoring = Monitoring()) -> list[Alert]:
+    """Every alert of the stack: the cluster's own, and those of node_exporter and `ascend-pd exporter` where
+    they are scraped."""
+    return _cluster_alerts(plan, monitoring) + _node_alerts(plan, monitoring) + _exporter_alerts(plan, monitoring)
+
+
 def alert_rules(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict:
-    return {"groups": [{"name": f"ascend-pd:{plan.stack}:alerts", "rules": [a.rule() for a in alerts(plan, monitoring)]}]}
+    return {"groups": [{"name": f"ascend-pd:{plan.stack}:alerts",
+                        "rules": [a.rule() for a in alerts(plan, monitoring)]}]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,14 +621,22 @@ def _yaml(header: str, data: dict) -> str:
 def files(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict[str, str]:
     """Relative path -> text of every file `write_monitoring` writes."""
     every = duration(monitoring.scrape_interval_s)
+    m = monitoring
+    nodes = (f",\nthe site's node_exporter on every node, port {m.node_exporter_port} (targets/nodes.json: huge pages)"
+             if m.node_exporter_port is not None else ",\nno node_exporter (monitoring.nodeExporterPort is null: no huge pages alert)")
+    exporter = (f",\n`ascend-pd exporter` at {m.exporter} (targets/exporter.json)." if m.exporter is not None else ".")
+    facts = ("`ascend-pd exporter` reports their health (registrations, /healthcheck, a P/D smoke completion)."
+             if m.exporter is not None else
+             "set monitoring.exporter and run `ascend-pd exporter` to watch them (workers, rollouts, proxy, smoke).")
     out = {
         PROMETHEUS_YML: _yaml(f"""\
 Prometheus for ascend-pd stack {plan.stack}, generated by `ascend-pd render --out` (ascend_pd/monitoring.py):
 do not edit, change the stack file and render again. Paths are relative to this file:
   prometheus --config.file=prometheus.yml
-Scraped every {every}: every vLLM rank's /metrics (targets/prefill.json, targets/decode.json) and etcd's
-/metrics on its client URL (targets/etcd.json). Not scraped: the PD proxy (no /metrics), the openYuanrong
-workers (no Prometheus endpoint) and host huge pages (no metric; `ascend-pd doctor` checks them).""",
+Scraped every {every}: every vLLM rank's /metrics (targets/prefill.json, targets/decode.json), etcd's
+/metrics on its client URL (targets/etcd.json){nodes}{exporter}
+The PD proxy (no /metrics) and the openYuanrong workers (no Prometheus endpoint) are not scraped themselves:
+{facts}""",
                               prometheus_config(plan, monitoring)),
         RECORDING_YML: _yaml(f"""\
 Recording rules of stack {plan.stack} (ascend_pd/monitoring.py): what `ascend-pd status` computes.
@@ -418,7 +647,7 @@ Ratios are recorded only where their denominator is > 0; quantiles only where re
 Alerts of stack {plan.stack} (ascend_pd/monitoring.py); hang.seconds = {plan.cfg.hang.seconds}s.""",
                           alert_rules(plan, monitoring)),
     }
-    for name, entries in targets(plan).items():
+    for name, entries in targets(plan, monitoring).items():
         out[f"targets/{name}"] = json.dumps(entries, indent=2) + "\n"
     return out
 

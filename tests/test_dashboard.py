@@ -16,7 +16,7 @@ import yaml
 
 from ascend_pd.dashboard import ALERT_PREFIX, DASHBOARD_JSON, alert_names, dashboard, dashboard_json, write_dashboard
 from ascend_pd.loader import load_stack
-from ascend_pd.monitoring import QUANTILES, RECORDING_YML, files
+from ascend_pd.monitoring import QUANTILES, RECORDING_YML, duration, files
 from ascend_pd.plan import Plan, build_plan
 
 STACKS = ("a2-8node", "a3-4node")
@@ -149,7 +149,7 @@ def test_every_expr_reads_recorded_or_provided_series(stack):
                  "vllm_num_requests_waiting", "vllm_prefix_cache_hit_ratio", "vllm_external_prefix_cache_hit_ratio",
                  "vllm_effective_prefix_cache_hit_ratio", "vllm_time_to_first_token_seconds",
                  "vllm_inter_token_latency_seconds", "vllm_e2e_request_latency_seconds",
-                 "vllm_external_prefix_cache_hits", "vllm_pd_handover_tokens"):
+                 "vllm_external_prefix_cache_hits", "vllm_pd_handover_tokens", "vllm_decode_self_prefill_ratio"):
         assert any(f":{part}:" in n for n in used), part
 
 
@@ -186,6 +186,9 @@ def test_panels_for_both_roles_and_health(stack):
         assert {t["legendFormat"].split()[-1] for t in served["targets"]} == {"served", "failed"}
     assert any("hand-over" in p["title"] for p in by_row["decode"])
     assert not any("hand-over" in p["title"] for p in by_row["prefill"])
+    (computed,) = [p for p in by_row["decode"] if p["title"] == "decode: prompt tokens computed by decode"]
+    assert [t["expr"].split("{")[0] for t in computed["targets"]] == [
+        f"stack_role_instance:vllm_decode_self_prefill_ratio:rate{duration(plan.cfg.monitoring.rate_window_s)}"]
     health = {p["title"]: p for p in by_row["health"]}
     assert set(health) == {"instances up", "etcd", "firing alerts"}
     assert all("up{" in t["expr"] for t in health["instances up"]["targets"])

@@ -66,7 +66,7 @@ def free_side_channels(n: int = 2) -> int:
 def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
     """Strictly parse exposition text; every TYPE'd family's samples must follow it."""
     samples: dict[tuple[str, frozenset], float] = {}
-    current_family = None
+    current_family = current_type = None
     assert text.endswith("\n")
     for line in text.rstrip("\n").split("\n"):
         if line.startswith("# HELP"):
@@ -74,13 +74,17 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
             continue
         m = TYPE_RE.match(line)
         if m:
-            current_family = m.group(1)
+            current_family, current_type = m.group(1), m.group(2)
             continue
         assert not line.startswith("#"), line
         m = SAMPLE_RE.match(line)
         assert m, f"bad sample line: {line!r}"
         name = m.group(1)
-        assert name == current_family, f"{name} outside its family {current_family}"
+        # A histogram family's samples are <family>_bucket (with le), _count and _sum.
+        own = ({f"{current_family}{s}" for s in ("_bucket", "_count", "_sum")} if current_type == "histogram"
+               else {current_family})
+        assert name in own, f"{name} outside its family {current_family}"
+        assert (name.endswith("_bucket") and current_type == "histogram") == ('le="' in (m.group(2) or "")), line
         labels = frozenset(LABEL_RE.findall(m.group(2) or ""))
         samples[(name, labels)] = float(m.group(3))
     return samples
@@ -443,6 +447,56 @@ def test_decode_pulls_the_announced_kv_and_fails_on_anything_else(servers):
     r = requests.post(f"http://127.0.0.1:{d_port}/v1/completions", timeout=5,
                       json={"model": "m", "prompt": "z", "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_decode_fault_switched_at_runtime_ignores_the_kv(servers):
+    """POST /fake/fault switches a running decode to ignore-kv: it computes the prompt itself (no external
+    hits, no pull), then back; a bad switch is refused and changes nothing."""
+    _, p_port, d_port = pd_pair(servers)
+    lab = frozenset({("engine", "0"), ("model_name", "m")})
+    url = f"http://127.0.0.1:{d_port}"
+
+    def served(request_id: str) -> dict:
+        params = prefill_params(p_port, "w" * 400, request_id)
+        r = requests.post(f"{url}/v1/completions", timeout=15,
+                          json={"model": "m", "prompt": "w" * 400, "max_tokens": 2, "kv_transfer_params": params})
+        assert r.status_code == 200, r.text
+        return parse_metrics(requests.get(f"{url}/metrics", timeout=5).text)
+
+    def hits(m: dict) -> tuple[float, float]:
+        return m[("vllm:external_prefix_cache_hits_total", lab)], m[("vllm:external_prefix_cache_queries_total", lab)]
+
+    assert hits(served("a")) == (100, 100)
+    assert requests.post(f"{url}/fake/fault", json={"fault": "ignore-kv"}, timeout=5).json() == {"fault": "ignore-kv"}
+    assert hits(served("b")) == (100, 200)  # queried, nothing received: decode computed the 100 tokens itself
+    for bad in ({"fault": "melt"}, {"fault": "ignore-kv", "x": 1}, ["ignore-kv"]):
+        assert requests.post(f"{url}/fake/fault", json=bad, timeout=5).status_code == 400
+    assert requests.post(f"{url}/fake/fault", json={"fault": None}, timeout=5).json() == {"fault": None}
+    assert hits(served("c")) == (200, 300)
+
+
+def test_vllm_latency_histograms_have_vllm_names_and_layout(servers):
+    port, _ = servers.vllm("--served-model-name", "h", env=base_env(FAKE_VLLM_REQUEST_DELAY="0.05"))
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(3):
+        requests.post(f"{base}/v1/completions", json={"model": "h", "prompt": "p" * 40, "max_tokens": 5},
+                      timeout=10).raise_for_status()
+    text = requests.get(f"{base}/metrics", timeout=5).text
+    m = parse_metrics(text)
+    lab = frozenset({("engine", "0"), ("model_name", "h")})
+    for name, per_request in (("vllm:time_to_first_token_seconds", 1), ("vllm:inter_token_latency_seconds", 4),
+                              ("vllm:e2e_request_latency_seconds", 1)):
+        assert f"# TYPE {name} histogram" in text
+        buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in m.items() if k[0] == f"{name}_bucket"))
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts) and buckets[-1][0] == float("inf")  # cumulative, ending with +Inf
+        assert counts[-1] == m[(f"{name}_count", lab)] == 3 * per_request
+        assert m[(f"{name}_sum", lab)] > 0
+    ttft = {le: v for (n, k), v in m.items() if n == "vllm:time_to_first_token_seconds_bucket"
+            for le in [dict(k)["le"]]}
+    assert ttft["0.04"] == 0 and ttft["2560.0"] == 3  # every TTFT waited the 0.05 s request delay
+    port, _ = servers.vllm("--served-model-name", "h", env=base_env(FAKE_VLLM_HISTOGRAMS="0"))
+    assert "histogram" not in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
 
 
 def test_taken_side_channel_port_fails_the_start():

@@ -11,6 +11,9 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,8 +25,9 @@ from ascend_pd.monitoring import (
     JOB_ETCD, JOB_RANKS, RANK_LABELS, Monitoring, alerts, duration, files, hang_window_s, targets, write_monitoring,
 )
 from ascend_pd.plan import Plan, build_plan
+from ascend_pd.scripts.launch import restart_bound_s
 from ascend_pd.status import HitRates, Timeouts, collect_status
-from status_support import Procs, clean_env, have_etcd, plan_of, start_etcd, start_ranks, wait_until
+from status_support import Procs, clean_env, have_etcd, plan_of, start_etcd, start_proxy, start_ranks, wait_until
 from test_status import COUNTERS, stack
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -54,9 +58,17 @@ def test_settings_follow_the_stack_file_conventions():
     assert (d.scrape_interval_s, d.rate_window_s, d.baseline_window_s, d.hit_rate_drop_percent, d.alert_for_s) == (
         5, 300, 3600, 30, 120)
     for bad in ({"scrape_interval_s": 5}, {"scrapeIntervalS": 16}, {"scrapeIntervalS": "5"}, {"typo": 1},
-                {"rateWindowS": 59}, {"hitRateDropPercent": 0}):
+                {"hitRateDropPercent": 0}, {"exporter": "10.0.0.9"}, {"exporter": "x y:9478"},
+                {"exporter": "h:65536"}, {"nodeExporterPort": 0}, {"decodeSelfPrefillPercent": 0}):
         with pytest.raises(ValueError):
             Monitoring.model_validate(bad)
+    # Windows are checked against each other: four scrapes in a rate window, a baseline twice as long.
+    assert Monitoring(scrapeIntervalS=1, rateWindowS=4, baselineWindowS=600).rate_window_s == 4
+    with pytest.raises(ValueError, match=r"rateWindowS 59 holds fewer than four scrapes.*at least 60"):
+        Monitoring(scrapeIntervalS=15, rateWindowS=59)
+    with pytest.raises(ValueError, match=r"baselineWindowS 3600 is shorter than twice .*at least 3800"):
+        Monitoring(rateWindowS=1900)
+    assert Monitoring(exporter="mon-1.example:9478", nodeExporterPort=None).node_exporter_port is None
     assert all(f.description and f.alias for f in Monitoring.model_fields.values())
     assert (duration(3600), duration(300), duration(90), duration(0)) == ("1h", "5m", "90s", "0s")
 
@@ -65,7 +77,12 @@ def test_settings_follow_the_stack_file_conventions():
 def test_targets_cover_every_rank_and_etcd(name):
     plan = committed(name)
     t = targets(plan)
-    assert sorted(t) == ["decode.json", "etcd.json", "prefill.json"]
+    assert sorted(t) == ["decode.json", "etcd.json", "nodes.json", "prefill.json"]
+    assert t["nodes.json"] == [{"targets": [f"{n.address}:9100"], "labels": {"stack": name, "role": "node", "node": n.name}}
+                               for n in plan.nodes]
+    assert sorted(targets(plan, Monitoring(nodeExporterPort=None))) == ["decode.json", "etcd.json", "prefill.json"]
+    with_exporter = targets(plan, Monitoring(exporter="10.9.0.1:9478"))["exporter.json"]
+    assert with_exporter == [{"targets": ["10.9.0.1:9478"], "labels": {"stack": name}}]
     ranks = t["prefill.json"] + t["decode.json"]
     assert [e["targets"] for e in ranks] == [[f"{r.address}:{r.port}"] for r in plan.ranks]
     for e, r in zip(ranks, plan.ranks):
@@ -75,6 +92,8 @@ def test_targets_cover_every_rank_and_etcd(name):
                                "labels": {"stack": name, "role": "etcd", "node": plan.etcd.node}}]
     text = files(plan)["prometheus.yml"]
     assert "no /metrics" in text and "no Prometheus endpoint" in text  # says why proxy and workers are not scraped
+    assert "set monitoring.exporter" in text  # ... and what watches them
+    assert "`ascend-pd exporter` reports" in files(plan, Monitoring(exporter="h:1"))["prometheus.yml"]
     assert str(plan.proxy.port) not in json.dumps(t) and plan.workers[0].address not in json.dumps(t)
 
 
@@ -82,21 +101,30 @@ def test_targets_cover_every_rank_and_etcd(name):
 @pytest.mark.parametrize("name", STACKS)
 def test_promtool_checks_config_and_rules(name, tmp_path):
     plan = committed(name)
-    written = write_monitoring(plan, Monitoring(), tmp_path)
+    m = Monitoring(exporter="10.9.0.1:9478")
+    written = write_monitoring(plan, m, tmp_path)
     assert sorted(str(p.relative_to(tmp_path)) for p in written) == [
         "prometheus.yml", "rules/alerts.yml", "rules/recording.yml", "targets/decode.json", "targets/etcd.json",
-        "targets/prefill.json"]
+        "targets/exporter.json", "targets/nodes.json", "targets/prefill.json"]
     done = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
     assert done.returncode == 0 and "SUCCESS: 2 rule files found" in done.stdout, done.stdout + done.stderr
     done = promtool("check", "rules", "rules/recording.yml", "rules/alerts.yml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 6 rules found" in done.stdout
+    # 7 cluster alerts, node_exporter down and huge pages (both stacks reserve them), 6 of the exporter
+    assert len(alerts(plan, m)) == 15 and f"SUCCESS: {len(alerts(plan, m))} rules found" in done.stdout
+    assert len(alerts(plan)) == 9 and len(alerts(plan, Monitoring(nodeExporterPort=None))) == 7
     cfg = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
     assert cfg["global"] == {"scrape_interval": "5s", "scrape_timeout": "5s", "evaluation_interval": "5s"}
     assert cfg["rule_files"] == ["rules/recording.yml", "rules/alerts.yml"]
+    assert [(j["job_name"], j["file_sd_configs"][0]["files"]) for j in cfg["scrape_configs"]] == [
+        (JOB_RANKS, ["targets/prefill.json", "targets/decode.json"]), (JOB_ETCD, ["targets/etcd.json"]),
+        ("ascend-pd-node", ["targets/nodes.json"]), ("ascend-pd-exporter", ["targets/exporter.json"])]
     for rule in yaml.safe_load((tmp_path / "rules/alerts.yml").read_text())["groups"][0]["rules"]:
         assert set(rule["annotations"]) == {"summary", "description", "runbook"}
-        assert "\n" not in rule["annotations"]["runbook"] and f"ascend-pd status --stack {name}" in rule["annotations"]["runbook"]
+        runbook = rule["annotations"]["runbook"]
+        # Each runbook names a command that confirms it: status, doctor, or a read of the endpoint itself.
+        assert "\n" not in runbook and re.search(
+            rf"Confirm: `(ascend-pd (status|doctor) --stack {name}|curl -s http)", runbook), runbook
     hung = next(a for a in alerts(plan) if a.name == "AscendPdRankHung")
     assert hung.for_s == plan.cfg.hang.seconds  # the stack's hang.seconds
 
@@ -182,24 +210,43 @@ def alert_tests(plan: Plan, m: Monitoring) -> tuple[list[dict], list[dict]]:
     ]})
 
     fast, tests = tests, []
-    # Decode-only fallback: decode finishes requests but receives no KV from prefill; healthy hand-over and an
-    # idle decode instance in groups of their own (the same instance labels).
+    # Decode-only fallback, per decode rank: per scrape it finishes requests and is asked for 1000 prompt tokens, of
+    # which it receives EH from prefill and finds LH in its own cache. Each case in a group of its own (same labels).
     n = (m.rate_window_s + m.alert_for_s + 120) // SLOW
     dec = rank_labels(plan, plan.ranks.index(plan.ranks_of("decode")[0]))
 
-    def decode_series(successes, hits) -> list[dict]:
+    def decode_series(successes, queried, received, local) -> list[dict]:
         return [series("vllm:request_success_total", {**dec, "finished_reason": "length"}, successes),
                 series("vllm:request_success_total", {**dec, "finished_reason": "abort"}, flat(0, n)),
-                series("vllm:external_prefix_cache_hits_total", dec, hits)]
+                series("vllm:external_prefix_cache_queries_total", dec, rising(0, queried, n)),
+                series("vllm:external_prefix_cache_hits_total", dec, rising(4000, received, n)),
+                series("vllm:prefix_cache_hits_total", dec, rising(0, local, n))]
 
-    fallback = {k: dec[k] for k in ("stack", "role", "instance")}
+    fires = [expected(plan, m, "AscendPdDecodeOnlyFallback", rank_only(dec))]
     at = f"{(n - 1) * SLOW}s"
-    tests.append({"interval": f"{SLOW}s", "input_series": decode_series(rising(10, 1, n), flat(4000, n)),
-                  "alert_rule_test": [{"eval_time": at, "alertname": "AscendPdDecodeOnlyFallback",
-                                       "exp_alerts": [expected(plan, m, "AscendPdDecodeOnlyFallback", fallback)]}]})
-    for successes, hits in ((rising(10, 1, n), rising(4000, 300, n)), (flat(10, n), flat(4000, n))):
-        tests.append({"interval": f"{SLOW}s", "input_series": decode_series(successes, hits),
-                      "alert_rule_test": [{"eval_time": at, "alertname": "AscendPdDecodeOnlyFallback", "exp_alerts": []}]})
+    assert m.decode_self_prefill_percent == 25
+    for case in (
+        (rising(10, 1, n), 1000, 0, 0, fires),  # full fallback: nothing received
+        (rising(10, 1, n), 1000, 0, 900, fires),  # full fallback on repeated prompts: still nothing received
+        (rising(10, 1, n), 1000, 600, 0, fires),  # partial: 40 % computed by decode itself
+        (rising(10, 1, n), 1000, 900, 100, []),  # healthy: received what its cache lacked
+        (rising(10, 1, n), 1000, 800, 0, []),  # 20 %: under decodeSelfPrefillPercent
+        (flat(10, n), 0, 0, 0, []),  # idle
+    ):
+        successes, queried, received, local, exp = case
+        tests.append({"interval": f"{SLOW}s", "input_series": decode_series(successes, queried, received, local),
+                      "alert_rule_test": [{"eval_time": at, "alertname": "AscendPdDecodeOnlyFallback",
+                                           "exp_alerts": exp}]})
+
+    # Request errors, per instance: 1 error in 11 finished (9 % > errorPercent 5); client aborts only; 1 in 101.
+    pre0 = rank_labels(plan, 0)
+    inst = {k: pre0[k] for k in ("stack", "role", "instance")}
+    for length, error, abort, exp in ((10, 1, 0, [expected(plan, m, "AscendPdRequestErrors", inst)]),
+                                      (10, 0, 5, []), (100, 1, 0, [])):
+        tests.append({"interval": f"{SLOW}s", "input_series": [
+            series("vllm:request_success_total", {**pre0, "finished_reason": reason}, rising(0, per, n))
+            for reason, per in (("length", length), ("error", error), ("abort", abort))],
+            "alert_rule_test": [{"eval_time": at, "alertname": "AscendPdRequestErrors", "exp_alerts": exp}]})
 
     # KV pool hit-rate drop: the prefill ranks' external hit rate falls from 80 % to 20 % for the last 10 minutes;
     # steady at 80 %; and a fall from a baseline below minBaselinePercent.
@@ -231,6 +278,53 @@ def alert_tests(plan: Plan, m: Monitoring) -> tuple[list[dict], list[dict]]:
              "exp_alerts": [expected(plan, m, "AscendPdEtcdDown", bad)]},
             {"eval_time": f"{m.alert_for_s + 30}s", "alertname": "AscendPdEtcdNoLeader",
              "exp_alerts": [expected(plan, m, "AscendPdEtcdNoLeader", bad)]}]})
+
+    # node_exporter: one node without it, one whose huge pages were lost (a reboot), one as planned.
+    n = (m.alert_for_s + 60) // STEP
+    page = 2 * 2 ** 20
+    planned = plan.cfg.hugepages.gib * 2 ** 30 // page
+    lost, gone, kept = ({"job": "ascend-pd-node", "stack": s, "role": "node", "node": nd.name} for nd in plan.nodes[:3])
+    fast.append({"interval": f"{STEP}s", "input_series": [
+        series("up", gone, flat(0, n)), series("up", lost, flat(1, n)), series("up", kept, flat(1, n)),
+        *(series("node_memory_HugePages_Total", lab, flat(pages, n)) for lab, pages in ((lost, planned - 1), (kept, planned))),
+        *(series("node_memory_Hugepagesize_bytes", lab, flat(page, n)) for lab in (lost, kept))],
+        "alert_rule_test": [
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": "AscendPdNodeExporterDown",
+             "exp_alerts": [expected(plan, m, "AscendPdNodeExporterDown", gone)]},
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": "AscendPdHugepagesBelowPlan",
+             "exp_alerts": [expected(plan, m, "AscendPdHugepagesBelowPlan", lost)]}]})
+
+    # `ascend-pd exporter`: down; and up with one worker unregistered, one slot held past the restart bound and
+    # one below it, a failed rollout mark, the proxy down and the smoke failing. Then all healthy.
+    exp = {"job": "ascend-pd-exporter", "stack": s}
+    bound = restart_bound_s(plan.cfg)
+    w0, w1 = ({**exp, "node": w.node, "address": w.address} for w in plan.workers[:2])
+    stuck, fine = ({**exp, "role": i.role, "instance": i.name} for i in plan.instances[:2])
+    failed = {**exp, "role": "prefill", "instance": plan.instances_of("prefill")[0].name}
+    healthy = [series("up", exp, flat(1, n)), series("ascend_pd_worker_registered", w1, flat(1, n)),
+               series("ascend_pd_proxy_up", exp, flat(1, n)), series("ascend_pd_smoke_success", exp, flat(1, n)),
+               series("ascend_pd_rollout_slot_held_seconds", fine, rising(10, STEP, n))]
+    fast.append({"interval": f"{STEP}s", "input_series": [
+        *healthy, series("ascend_pd_worker_registered", w0, flat(0, n)),
+        series("ascend_pd_rollout_slot_held_seconds", stuck, rising(bound - 2 * STEP, STEP, n)),
+        series("ascend_pd_rollout_failed", failed, flat(1, n))],
+        "alert_rule_test": [
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": "AscendPdWorkerMissing",
+             "exp_alerts": [expected(plan, m, "AscendPdWorkerMissing", w0)]},
+            {"eval_time": f"{STEP}s", "alertname": "AscendPdRolloutStuck", "exp_alerts": []},  # not yet past the bound
+            {"eval_time": f"{3 * STEP}s", "alertname": "AscendPdRolloutStuck",
+             "exp_alerts": [expected(plan, m, "AscendPdRolloutStuck", stuck)]},
+            {"eval_time": "0s", "alertname": "AscendPdRolloutFailed",
+             "exp_alerts": [expected(plan, m, "AscendPdRolloutFailed", failed)]},
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": "AscendPdExporterDown", "exp_alerts": []},
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": "AscendPdProxyDown", "exp_alerts": []},
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": "AscendPdSmokeFailing", "exp_alerts": []}]})
+    fast.append({"interval": f"{STEP}s", "input_series": [
+        series("up", exp, flat(0, n)), series("ascend_pd_proxy_up", exp, flat(0, n)),
+        series("ascend_pd_smoke_success", exp, flat(0, n))],
+        "alert_rule_test": [
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": name, "exp_alerts": [expected(plan, m, name, exp)]}
+            for name in ("AscendPdExporterDown", "AscendPdProxyDown", "AscendPdSmokeFailing")]})
     for t in fast + slow:
         t["alert_rule_test"] = [x for x in t["alert_rule_test"] if x is not None]
     return fast, slow
@@ -269,7 +363,7 @@ def ratio_tests(plan: Plan) -> list[dict]:
 @pytest.mark.parametrize("name", STACKS)
 def test_promtool_unit_tests_of_every_alert(name, tmp_path):
     plan = committed(name)
-    m = Monitoring()
+    m = Monitoring(exporter="10.9.0.1:9478")
     write_monitoring(plan, m, tmp_path)
     fast, slow = alert_tests(plan, m)
     slow += ratio_tests(plan)
@@ -430,4 +524,76 @@ def test_prometheus_records_what_status_computes(tmp_path):
                             RECORDED_S, "AscendPdRankDown", interval=0.5)
         assert [a["metric"]["rank"] for a in firing] == [gone.name]
     finally:
+        procs.stop_all()
+
+
+LIVE_ADDRS = {"n0": "127.0.9.41", "n1": "127.0.9.42"}  # this test's own loopback addresses
+FIRE_SLACK_S = 10  # scheduling under load: scrapes and evaluations late by this much at most
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs Debian prometheus")
+def test_decode_only_fallback_fires_live(tmp_path):
+    """Requests flow through the release's PD proxy to fake ranks that hand KV over as Mooncake does; a
+    real Prometheus records every decode's self-prefill ratio as 0. One decode rank is switched to ignore
+    the KV it is given (it computes the prompts itself): the recorded ratio rises and
+    AscendPdDecodeOnlyFallback fires for that rank alone, within rateWindowS + alertForS of the switch."""
+    values = stack(tmp_path, LIVE_ADDRS, etcd_port=12579, worker_port=18681, port_base=17900, proxy_port=18190)
+    plan = plan_of(values, "mon")
+    m = Monitoring(scrapeIntervalS=1, rateWindowS=8, baselineWindowS=600, alertForS=5, nodeExporterPort=None)
+    write_monitoring(plan, m, tmp_path / "monitoring")
+    procs = Procs(tmp_path / "logs")
+    stop = threading.Event()
+    answers: list[int] = []
+
+    def traffic() -> None:  # unique prompts: no prefix-cache hit anywhere, every prompt token is the prefill's
+        s = requests.Session()
+        s.trust_env = False
+        while not stop.is_set():
+            body = {"model": plan.cfg.model.served_name, "prompt": f"{uuid.uuid4().hex} " * 40, "max_tokens": 2}
+            try:
+                answers.append(s.post(f"{plan.proxy.url}/v1/completions", json=body, timeout=10).status_code)
+            except requests.RequestException:
+                answers.append(0)
+            stop.wait(0.05)
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    try:
+        start_ranks(plan, procs)
+        start_proxy(plan, procs)
+        api = start_prometheus(procs, tmp_path / "monitoring" / "prometheus.yml", tmp_path / "prom-data")
+        sender.start()
+        decode = plan.ranks_of("decode")
+        ratio = f'stack_role_instance:vllm_decode_self_prefill_ratio:rate8s{{instance="{decode[0].instance_name}"}}'
+        fallback = 'ALERTS{alertname="AscendPdDecodeOnlyFallback"}'
+        # Healthy: every decode prompt token came from prefill, the ratio is 0 (to rounding), no alert at all.
+        wait_until(lambda: api.query(ratio) and abs(float(api.query(ratio)[0]["value"][1])) < 1e-9
+                   and api.query(f"up{{job='{JOB_RANKS}'}} == 1") and len(api.query(f"up{{job='{JOB_RANKS}'}} == 1")) == 4,
+                   RECORDED_S, "a healthy self-prefill ratio of 0", interval=0.5)
+        time.sleep(m.rate_window_s)  # a whole window of healthy traffic: nothing pending
+        assert api.query(fallback) == [] and abs(float(api.query(ratio)[0]["value"][1])) < 1e-9
+        assert set(answers) == {200}, answers
+
+        # The release proxy sends each request to the least loaded decode rank: one at a time, that is always the
+        # same one. Switch the rank that serves (the other must stay quiet).
+        served = {x["metric"]["rank"]: float(x["value"][1]) for x in api.query(
+            f"increase(vllm:external_prefix_cache_queries_total{{role='decode'}}[{duration(m.rate_window_s)}])")}
+        switched = next(r for r in decode if served.get(r.name, 0) == max(served.values()) > 0)
+        r = requests.post(f"http://{switched.address}:{switched.port}/fake/fault", json={"fault": "ignore-kv"},
+                          timeout=5, proxies={"http": None})
+        assert r.json() == {"fault": "ignore-kv"}
+        t0 = time.monotonic()
+        bound = m.rate_window_s + m.alert_for_s + FIRE_SLACK_S
+        firing = wait_until(lambda: api.query(fallback.replace("}", ',alertstate="firing"}')), bound, "AscendPdDecodeOnlyFallback",
+                            interval=0.25)
+        took = time.monotonic() - t0
+        assert [a["metric"]["rank"] for a in firing] == [switched.name]
+        assert took >= m.alert_for_s  # it waited its `for`
+        assert 0 < float(api.query(ratio)[0]["value"][1]) <= 1
+        print(f"AscendPdDecodeOnlyFallback fired {took:.1f}s after the switch (for {m.alert_for_s}s, "
+              f"window {m.rate_window_s}s)")
+        assert set(answers) == {200}  # users saw nothing but slower answers: the fallback is silent
+    finally:
+        stop.set()
+        sender.join(timeout=15)
         procs.stop_all()

@@ -54,6 +54,14 @@ def group_fingerprint(instance: Instance) -> str:
     return fingerprint(*(json.dumps([r.argv, r.env]) for r in instance.ranks))
 
 
+
+def restart_bound_s(cfg) -> int:
+    """The longest one instance's restart may hold its rollout slot: stop, drain, container replacement,
+    worker restart and model load (monitoring's AscendPdRolloutStuck fires beyond it)."""
+    ro, y = cfg.rollout, cfg.yuanrong
+    return (cfg.vllm.stop_timeout_s + ro.drain_timeout_s + cfg.vllm.ready_timeout_s + REPLACEMENT_ALLOWANCE_S
+            + y.stop_timeout_s + y.start_timeout_s * y.start_attempts)
+
 def group_key(plan: Plan, instance: Instance) -> str:
     return f"{GROUP_KEY_PREFIX}/{plan.stack}/{instance.name}/"
 
@@ -82,9 +90,7 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
         current.append(f"running_with {q(f'{plan.run_dir}/{r.name}.pid')} {spec} || changed=1")
     ro = cfg.rollout
     same_role = len(plan.instances_of(instance.role))
-    y = cfg.yuanrong
-    slot_ttl = (cfg.vllm.stop_timeout_s + ro.drain_timeout_s + cfg.vllm.ready_timeout_s + ROLLOUT_MARGIN_S
-                + REPLACEMENT_ALLOWANCE_S + y.stop_timeout_s + y.start_timeout_s * y.start_attempts)
+    slot_ttl = restart_bound_s(cfg) + ROLLOUT_MARGIN_S
     rollout = params(
         proxy_url=plan.proxy.url, proxy_type=instance.role, spares=same_role - 1,
         retaint_s=RETAINT_KEPT_S if cfg.proxy.keep_removed_out else RETAINT_S,
