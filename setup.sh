@@ -12,7 +12,7 @@ export DEBIAN_FRONTEND=noninteractive
 # the preflight gate are tested over real sshd on loopback (tests/preflight_nodes.py); prometheus (and
 # promtool): the generated scrape config, recording rules and alerts are checked and run for real.
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 numactl openssh-server openssh-client prometheus >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 numactl openssh-server openssh-client prometheus prometheus-node-exporter >/dev/null
 python3 -m venv venv
 venv/bin/pip install -q --upgrade pip
 venv/bin/pip install -q -r requirements-dev.txt

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from .monitoring import (
-    CLUSTER, HISTOGRAMS, INSTANCE, JOB_ETCD, JOB_RANKS, QUANTILES, ROLE, Monitoring, alerts, duration,
-    recording_rules,
+    CLUSTER, HISTOGRAMS, INSTANCE, JOB_ETCD, JOB_EXPORTER, JOB_RANKS, PROXY_UP, QUANTILES, ROLE, SMOKE_SUCCESS,
+    WORKER_REGISTERED, Monitoring, alerts, duration, recording_rules,
 )
 
 if TYPE_CHECKING:
@@ -237,6 +237,18 @@ def dashboard(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict:
         "etcd", f"etcd's /metrics answers (`up`, job {JOB_ETCD}) and etcd has a raft leader ({ETCD_LEADER}).",
         [query(f"up{etcd}", "up", "A", instant=True), query(f"{ETCD_LEADER}{etcd}", "leader", "B", instant=True)],
         span=12))
+    if monitoring.exporter is not None:  # what only `ascend-pd exporter` reports
+        ex = _sel(("job", "=", JOB_EXPORTER), stack_m)
+        board = board.with_panel(up_stat(
+            "proxy and P/D smoke", f"The PD proxy answers /healthcheck ({PROXY_UP}) and the exporter's last smoke "
+            f"completion through it was served by a prefill and a decode rank ({SMOKE_SUCCESS}; every "
+            f"monitoring.smokeIntervalS).",
+            [query(f"{PROXY_UP}{ex}", "proxy", "A", instant=True),
+             query(f"{SMOKE_SUCCESS}{ex}", "smoke", "B", instant=True)], span=12))
+        board = board.with_panel(up_stat(
+            "openYuanrong workers", f"Per planned worker, whether it is registered in etcd ({WORKER_REGISTERED}; "
+            f"nothing while etcd is unreadable).",
+            [query(f"{WORKER_REGISTERED}{ex}", "{{node}}", "A", instant=True)], span=12))
     firing = _sel(("alertname", "=~", f"{ALERT_PREFIX}.*"), ("alertstate", "=", "firing"), stack_m)
     board = board.with_panel(
         table.Panel().id(next(ids)).title("firing alerts").datasource(ds).span(_W).height(_H)

@@ -222,3 +222,17 @@ def test_promtool_parses_every_expr(stack, tmp_path):
     done = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{len(rules)} rules found" in done.stdout + done.stderr
+
+
+def test_exporter_panels_only_where_the_exporter_is_scraped():
+    plan = committed(STACKS[0])
+    m = plan.cfg.monitoring.model_copy(update={"exporter": "10.9.0.1:9478"})
+    board = dashboard(plan, m)
+    titles = {p["title"]: p for p in panels(board)}
+    assert {"proxy and P/D smoke", "openYuanrong workers"} <= set(titles)
+    assert not {"proxy and P/D smoke", "openYuanrong workers"} & {p["title"] for p in panels(dashboard(plan))}
+    read = {n for t in ("proxy and P/D smoke", "openYuanrong workers") for q in titles[t]["targets"]
+            for n in metric_names(q["expr"])}
+    assert read == {"ascend_pd_proxy_up", "ascend_pd_smoke_success", "ascend_pd_worker_registered"}
+    assert all('job="ascend-pd-exporter"' in q["expr"] and 'stack="$stack"' in q["expr"]
+               for t in ("proxy and P/D smoke", "openYuanrong workers") for q in titles[t]["targets"])

@@ -27,7 +27,8 @@ from ascend_pd.monitoring import (
 from ascend_pd.plan import Plan, build_plan
 from ascend_pd.scripts.launch import restart_bound_s
 from ascend_pd.status import HitRates, Timeouts, collect_status
-from status_support import Procs, clean_env, have_etcd, plan_of, start_etcd, start_proxy, start_ranks, wait_until
+from status_support import (Procs, clean_env, have_etcd, http_ok, plan_of, start_etcd, start_proxy, start_ranks,
+                            wait_until)
 from test_status import COUNTERS, stack
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -596,4 +597,43 @@ def test_decode_only_fallback_fires_live(tmp_path):
     finally:
         stop.set()
         sender.join(timeout=15)
+        procs.stop_all()
+
+
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not (Path(PROMETHEUS).exists() and Path(NODE_EXPORTER).exists()),
+                    reason="needs Debian prometheus and prometheus-node-exporter")
+def test_huge_pages_alert_reads_the_real_node_exporter(tmp_path):
+    """The names and units the huge pages rule reads are node_exporter's own: a real node_exporter (this
+    machine's /proc/meminfo) on one node, none on the other. The plan asks 1 GiB more huge pages than this
+    host has: AscendPdHugepagesBelowPlan fires for the first node, AscendPdNodeExporterDown for the second."""
+    have = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("Hugetlb:"))  # bytes of huge pages reserved, of every size
+    values = stack(tmp_path, {"n0": "127.0.9.43", "n1": "127.0.9.44"}, etcd_port=12679, worker_port=18781,
+                   port_base=17950, proxy_port=18191)
+    values["hugepages"] = {"gib": have // 2 ** 30 + 1}
+    plan = plan_of(values, "mon")
+    port = free_port()
+    m = Monitoring(scrapeIntervalS=1, rateWindowS=8, baselineWindowS=600, alertForS=0, nodeExporterPort=port)
+    write_monitoring(plan, m, tmp_path / "monitoring")
+    procs = Procs(tmp_path / "logs")
+    try:
+        procs.start("node-exporter", [NODE_EXPORTER, f"--web.listen-address=127.0.9.43:{port}",
+                                      "--collector.disable-defaults", "--collector.meminfo"], clean_env())
+        wait_until(lambda: http_ok(f"http://127.0.9.43:{port}/metrics"), PROM_READY_S, "node_exporter")
+        api = start_prometheus(procs, tmp_path / "monitoring" / "prometheus.yml", tmp_path / "prom-data")
+        firing = 'ALERTS{{alertname="{}",alertstate="firing"}}'
+        below = wait_until(lambda: api.query(firing.format("AscendPdHugepagesBelowPlan")), RECORDED_S,
+                           "AscendPdHugepagesBelowPlan", interval=0.5)
+        assert [a["metric"]["node"] for a in below] == ["n0"]
+        size = api.one('node_memory_Hugepagesize_bytes{job="ascend-pd-node",node="n0"}')
+        assert size == int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                                if line.startswith("Hugepagesize:"))) * 1024  # bytes, as the rule assumes
+        down = wait_until(lambda: api.query(firing.format("AscendPdNodeExporterDown")), RECORDED_S,
+                          "AscendPdNodeExporterDown", interval=0.5)
+        assert [a["metric"]["node"] for a in down] == ["n1"]
+    finally:
         procs.stop_all()
