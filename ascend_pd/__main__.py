@@ -1,4 +1,4 @@
-"""Command line: `ascend-pd render|status|doctor|diff|heal --stack NAME`, `ascend-pd docs [--write|--check]`
+"""Command line: `ascend-pd render|status|doctor|diff|heal|exporter --stack NAME`, `ascend-pd docs [--write|--check]`
 (also `python -m ascend_pd ...`). Exit codes: see EXIT_CODES."""
 
 from __future__ import annotations
@@ -102,10 +102,21 @@ HEAL_DESCRIPTION = (
 )
 
 
+EXPORTER_DESCRIPTION = (
+    "Serve Prometheus metrics of what no component exports, read as `status` reads it: the openYuanrong "
+    "workers' registrations and the rollout restart slots (their age from the slot's lease) and failure marks "
+    "in etcd, the PD proxy's /healthcheck, and a P/D smoke completion through the proxy every "
+    "monitoring.smokeIntervalS seconds. GET /metrics (Prometheus text format), GET / (a hint). A scrape's "
+    "requests end within 0.8 x monitoring.scrapeIntervalS (at most 5 s); a failed check is a 0 or an absent "
+    "series, never an error answer. Runs until SIGTERM (exit 0) or Ctrl-C (130); exit 2: invalid stack file or "
+    "option, or the address cannot be listened on."
+)
+
+
 # Every exit code a subcommand can return, in one place: the README's table is checked against it.
 EXIT_CODES = {
     0: "success: nothing failed (status: all healthy; doctor: no failed check; heal: nothing broken or all healed; "
-       "diff: no change)",
+       "diff: no change; exporter: stopped by SIGTERM)",
     1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken)",
     2: "the stack file, an option or a path given is invalid; nothing was contacted or changed",
     10: "diff only: the stack file changes something",
@@ -243,6 +254,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
                    "~/.ssh/known_hosts)")
     h.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    x = sub.add_parser(
+        "exporter",
+        help="serve Prometheus metrics of what no component exports: worker registrations, rollout slots, the proxy, "
+        "a P/D smoke",
+        description=EXPORTER_DESCRIPTION,
+    )
+    _stack_options(x)
+    x.add_argument("--listen", metavar="HOST:PORT", default=None,
+                   help="where to serve /metrics (default: monitoring.exporter of the stack, else 127.0.0.1:9478; "
+                   "port 0: a free one, printed at start)")
+    x.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     d = sub.add_parser(
         "docs",
         help="the reference page's generated sections (settings, derived flags, deployment table) from the code",
@@ -253,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true", help="rewrite the sections in docs/reference.md")
     mode.add_argument("--check", action="store_true", help="exit 1 if docs/reference.md differs from the code")
     args = ap.parse_args(argv)
+    listen = None
+    if args.command == "exporter" and args.listen is not None:
+        from .exporter import parse_listen
+
+        try:
+            listen = parse_listen(args.listen)
+        except ValueError as exc:
+            ap.exit(2, f"{ap.prog} exporter: --listen {exc}\n")
     if args.command != "docs" and not (args.stack or args.stack_file):
         ap.exit(2, f"{ap.prog} {args.command}: give --stack NAME or --stack-file PATH\n")
     # --project-dir (tests) defaults to the checkout, which the lookup reads as "current directory first".
@@ -315,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             t = Timeouts(connect_s=t.connect_s, request_s=t.request_s, smoke_s=args.smoke_timeout)
         return run(plan, as_json=args.json, watch=args.watch, count=args.count, timeouts=t,
                    smoke=not args.no_smoke, verbose=args.verbose)
+    elif args.command == "exporter":
+        from .exporter import run as exporter_run
+
+        return exporter_run(plan, listen)
     elif args.command == "heal":
         from . import heal
 

@@ -96,6 +96,8 @@ SLOT_HELD = "ascend_pd_rollout_slot_held_seconds"
 ROLLOUT_FAILED_METRIC = "ascend_pd_rollout_failed"
 PROXY_UP = "ascend_pd_proxy_up"
 SMOKE_SUCCESS = "ascend_pd_smoke_success"
+SMOKE_LAST_RUN = "ascend_pd_smoke_last_run_timestamp_seconds"
+SMOKE_STALE_MARGIN_S = 60  # beyond three smoke intervals: one smoke's deadline and a slow machine
 # node_exporter's /proc/meminfo families
 HUGEPAGES_TOTAL = "node_memory_HugePages_Total"
 HUGEPAGE_SIZE = "node_memory_Hugepagesize_bytes"
@@ -594,6 +596,16 @@ def _exporter_alerts(plan: "Plan", m: Monitoring) -> list[Alert]:
             f"Users get failed or empty answers, or decode-only ones. Confirm: `{cmd}` (the smoke line names what "
             f"failed). Fix: follow the failing side: a rank down or hung (`{heal}`), the proxy (`{redo}`), the KV "
             f"hand-over (rank logs).",
+        ),
+        Alert(
+            "AscendPdSmokeStale", f"time() - {SMOKE_LAST_RUN}{sel} > {3 * m.smoke_interval_s + SMOKE_STALE_MARGIN_S}",
+            0, "warning",
+            "The exporter's P/D smoke of {{ $labels.stack }} has stopped",
+            f"No smoke completion ended for {3 * m.smoke_interval_s + SMOKE_STALE_MARGIN_S}s (three "
+            f"monitoring.smokeIntervalS and a margin): {SMOKE_SUCCESS} shows an old result, so AscendPdSmokeFailing "
+            f"cannot fire.",
+            f"The exporter's smoke thread is stuck. Confirm: `curl -s http://{m.exporter}/metrics | grep smoke` "
+            f"(the last run's timestamp). Fix: restart the exporter; `{cmd}` checks the path itself.",
         ),
     ]
 

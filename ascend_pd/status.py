@@ -374,6 +374,18 @@ class RolloutStatus:
 
 
 @dataclass(frozen=True)
+class RolloutKey:
+    """One key of a role's rolling restart in etcd (ascend_pd/shell/rollout_lib.sh): a restart slot held
+    by `instance`, or the role's failure mark naming it. Both are leased (`ascend-pd exporter` reads a
+    slot's age from its lease)."""
+
+    role: str
+    instance: str  # the key's value, escaped and shortened
+    failed: bool  # the role's failure mark (else a restart slot)
+    lease: int = 0  # the key's lease ID (0: none)
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     node: str
     address: str
@@ -808,13 +820,19 @@ def _check_etcd_members(plan: Plan, t: Timeouts) -> tuple[str, str, list[dict]]:
     return _field(version, 40), names.get(leader, _field(leader)) if leader not in ("", "0") else "", out
 
 
-def _etcd_prefix(plan: Plan, t: Timeouts, prefix: str) -> list[tuple[str, str]]:
-    """(key below `prefix`, value) of every key under it, as text (not yet escaped)."""
-    c = _etcd_client(plan, t)
-    try:
-        found = _etcd_call(lambda: c.get_prefix(prefix), "key range")
-    finally:
-        c.session.close()
+def _lease_id(meta: dict) -> int:
+    """The lease ID of a key from the gateway's metadata (an int64, as a JSON string); 0: none (or not
+    a number: only the exporter reads it, and a slot without a lease has no age)."""
+    lease = meta.get("lease", 0)
+    if isinstance(lease, bool) or not isinstance(lease, (str, int)) or not _DIGITS.fullmatch(str(lease)):
+        return 0
+    return int(lease) if len(str(lease)) <= 19 else 0
+
+
+def _etcd_entries(c: etcd3gw.Etcd3Client, prefix: str) -> list[tuple[str, str, int]]:
+    """(key below `prefix`, value, its lease ID or 0) of every key under it, read through `c`, as text
+    (not yet escaped)."""
+    found = _etcd_call(lambda: c.get_prefix(prefix), "key range")
     raw = prefix.encode()
     out = []
     for value, meta in found:  # etcd3gw's list of (value, metadata) with both base64-decoded to bytes
@@ -823,8 +841,17 @@ def _etcd_prefix(plan: Plan, t: Timeouts, prefix: str) -> list[tuple[str, str]]:
             raise _Failure(f"malformed key range answer from the etcd gateway: key {_field(repr(key), 60)} "
                            f"is not under {prefix}")
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        out.append((key[len(raw):].decode(errors="replace"), text))
+        out.append((key[len(raw):].decode(errors="replace"), text, _lease_id(meta)))
     return out
+
+
+def _etcd_prefix(plan: Plan, t: Timeouts, prefix: str) -> list[tuple[str, str]]:
+    """(key below `prefix`, value) of every key under it, as text (not yet escaped)."""
+    c = _etcd_client(plan, t)
+    try:
+        return [(key, text) for key, text, _ in _etcd_entries(c, prefix)]
+    finally:
+        c.session.close()
 
 
 def _check_registrations(plan: Plan, t: Timeouts) -> dict[str, str]:
@@ -833,19 +860,35 @@ def _check_registrations(plan: Plan, t: Timeouts) -> dict[str, str]:
     return {_field(key): _field(text.rsplit(";", 1)[-1], 40) for key, text in _etcd_prefix(plan, t, WORKER_PREFIX)}
 
 
-def _check_rollout(plan: Plan, t: Timeouts) -> list[RolloutStatus]:
-    """The restart slots and failure marks of the stack's roles (names escaped and shortened)."""
+def _rollout_keys(plan: Plan, c: etcd3gw.Etcd3Client) -> list[RolloutKey]:
+    """The restart slots and failure marks of the stack's roles in etcd, read through `c`."""
+    out = []
+    for key, text, lease in _etcd_entries(c, f"{ROLLOUT_KEY_PREFIX}/{plan.stack}/"):
+        role, _, slot = key.partition("/")
+        if role in ROLES:
+            out.append(RolloutKey(role, _field(text, 60), slot == ROLLOUT_FAILED, lease))
+    return out
+
+
+def _rollout_statuses(keys: list[RolloutKey]) -> list[RolloutStatus]:
+    """Per role with a restart under way or stopped: who holds its slots, whose restart failed."""
     held: dict[str, list[str]] = {r: [] for r in ROLES}
     failed: dict[str, str] = {}
-    for key, text in _etcd_prefix(plan, t, f"{ROLLOUT_KEY_PREFIX}/{plan.stack}/"):
-        role, _, slot = key.partition("/")
-        if role not in held:
-            continue
-        if slot == ROLLOUT_FAILED:
-            failed[role] = _field(text, 60)
+    for k in keys:
+        if k.failed:
+            failed[k.role] = k.instance
         else:
-            held[role].append(_field(text, 60))
+            held[k.role].append(k.instance)
     return [RolloutStatus(r, sorted(held[r]), failed.get(r)) for r in ROLES if held[r] or r in failed]
+
+
+def _check_rollout(plan: Plan, t: Timeouts) -> list[RolloutStatus]:
+    """The restart slots and failure marks of the stack's roles (names escaped and shortened)."""
+    c = _etcd_client(plan, t)
+    try:
+        return _rollout_statuses(_rollout_keys(plan, c))
+    finally:
+        c.session.close()
 
 
 def _check_tcp(address: str, t: Timeouts) -> None:

@@ -111,8 +111,8 @@ def test_promtool_checks_config_and_rules(name, tmp_path):
     assert done.returncode == 0 and "SUCCESS: 2 rule files found" in done.stdout, done.stdout + done.stderr
     done = promtool("check", "rules", "rules/recording.yml", "rules/alerts.yml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    # 7 cluster alerts, node_exporter down and huge pages (both stacks reserve them), 6 of the exporter
-    assert len(alerts(plan, m)) == 15 and f"SUCCESS: {len(alerts(plan, m))} rules found" in done.stdout
+    # 7 cluster alerts, node_exporter down and huge pages (both stacks reserve them), 7 of the exporter
+    assert len(alerts(plan, m)) == 16 and f"SUCCESS: {len(alerts(plan, m))} rules found" in done.stdout
     assert len(alerts(plan)) == 9 and len(alerts(plan, Monitoring(nodeExporterPort=None))) == 7
     cfg = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
     assert cfg["global"] == {"scrape_interval": "5s", "scrape_timeout": "5s", "evaluation_interval": "5s"}
@@ -326,6 +326,21 @@ def alert_tests(plan: Plan, m: Monitoring) -> tuple[list[dict], list[dict]]:
         "alert_rule_test": [
             {"eval_time": f"{m.alert_for_s + 30}s", "alertname": name, "exp_alerts": [expected(plan, m, name, exp)]}
             for name in ("AscendPdExporterDown", "AscendPdProxyDown", "AscendPdSmokeFailing")]})
+    # The smoke's last run: moving every smokeIntervalS (time() is the evaluation time in promtool), then stuck.
+    every = m.smoke_interval_s
+    stale_after = 3 * every + 60
+    n = (stale_after + 4 * every) // STEP
+    moving = [(i * STEP // every) * every for i in range(n)]  # the end of the latest smoke
+    stuck_at = 2 * every
+    fast.append({"interval": f"{STEP}s", "input_series": [
+        series("ascend_pd_smoke_last_run_timestamp_seconds", exp, [min(t, stuck_at) for t in moving])],
+        "alert_rule_test": [
+            {"eval_time": f"{stuck_at + stale_after}s", "alertname": "AscendPdSmokeStale", "exp_alerts": []},
+            {"eval_time": f"{stuck_at + stale_after + STEP}s", "alertname": "AscendPdSmokeStale",
+             "exp_alerts": [expected(plan, m, "AscendPdSmokeStale", exp)]}]})
+    fast.append({"interval": f"{STEP}s", "input_series": [
+        series("ascend_pd_smoke_last_run_timestamp_seconds", exp, moving)],
+        "alert_rule_test": [{"eval_time": f"{(n - 1) * STEP}s", "alertname": "AscendPdSmokeStale", "exp_alerts": []}]})
     for t in fast + slow:
         t["alert_rule_test"] = [x for x in t["alert_rule_test"] if x is not None]
     return fast, slow
