@@ -652,3 +652,56 @@ def test_huge_pages_alert_reads_the_real_node_exporter(tmp_path):
         assert [a["metric"]["node"] for a in down] == ["n1"]
     finally:
         procs.stop_all()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not (Path(PROMETHEUS).exists() and have_etcd()), reason="needs Debian prometheus and etcd")
+def test_prometheus_reads_the_exporter_with_the_generated_config(tmp_path):
+    """The exporter's job as render writes it (honor_labels), scraped by a real Prometheus: a rollout slot
+    keeps the exporter's own role label, a planned worker that never registered fires
+    AscendPdWorkerMissing with its node, and the proxy that is not running fires AscendPdProxyDown."""
+    import etcd3gw
+
+    from ascend_pd.exporter import Exporter, serve
+    from ascend_pd.plan import rollout_prefix
+
+    addrs = {"n0": "127.0.9.45", "n1": "127.0.9.46"}
+    values = stack(tmp_path, addrs, etcd_port=12779, worker_port=18881, port_base=17980, proxy_port=18192)
+    plan = plan_of(values, "mon")
+    procs = Procs(tmp_path / "logs")
+    server = exp = None
+    try:
+        start_etcd(plan, procs)
+        exp = Exporter(plan, timeouts=FAST)
+        server, _ = serve(exp, addrs["n0"], 0)
+        m = Monitoring(scrapeIntervalS=1, rateWindowS=8, baselineWindowS=600, alertForS=0, nodeExporterPort=None,
+                       exporter=f"{addrs['n0']}:{server.server_port}")
+        write_monitoring(plan, m, tmp_path / "monitoring")
+        c = etcd3gw.client(host=plan.etcd.address, port=plan.etcd.client_port, timeout=10)
+        registered, missing = plan.workers[0], plan.workers[1]
+        lease = c.lease(600)
+        c.put(f"/datasystem/cluster/{registered.address}", "1764460000;ready", lease=lease)
+        c.put(rollout_prefix("mon", "decode") + "0", "decode-0", lease=lease)
+        api = start_prometheus(procs, tmp_path / "monitoring" / "prometheus.yml", tmp_path / "prom-data")
+
+        held = wait_until(lambda: api.query('ascend_pd_rollout_slot_held_seconds{job="ascend-pd-exporter"}'),
+                          RECORDED_S, "the slot's age", interval=0.5)
+        assert [(x["metric"]["role"], x["metric"]["instance"], x["metric"]["stack"]) for x in held] == [
+            ("decode", "decode-0", "mon")]  # the exporter's labels, not the target's
+        assert "exported_role" not in held[0]["metric"] and "exported_stack" not in held[0]["metric"]
+        firing = 'ALERTS{{alertname="{}",alertstate="firing"}}'
+        worker = wait_until(lambda: api.query(firing.format("AscendPdWorkerMissing")), RECORDED_S,
+                            "AscendPdWorkerMissing", interval=0.5)
+        assert [(a["metric"]["node"], a["metric"]["address"]) for a in worker] == [(missing.node, missing.address)]
+        proxy = wait_until(lambda: api.query(firing.format("AscendPdProxyDown")), RECORDED_S, "AscendPdProxyDown",
+                           interval=0.5)
+        assert [a["metric"]["stack"] for a in proxy] == ["mon"]
+        assert api.query(firing.format("AscendPdExporterDown")) == []
+        lease.revoke()
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if exp is not None:
+            exp.stop(5)
+        procs.stop_all()
