@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from .config import DEFAULT_MOUNTS, Role, StackConfig, docker_size_mib, step_name
-from .errors import ConfigError, Problem, setting
+from .errors import ConfigError, Problem, did_you_mean, setting
 from .monitoring import MONITORING_DIR
 from .valuetypes import owned_path_problem
 
@@ -462,9 +462,48 @@ def _validate(cfg: StackConfig) -> list[Problem]:
     for key in cfg.ssh.host_keys:
         if key not in names:
             p.append(Problem(setting("ssh", "hostKeys", key), "unknown node", f"use one of {names}"))
+    _check_monitoring(p, cfg, names)
     if not p:
         p.extend(_port_collisions(cfg))
     return p
+
+
+def _check_monitoring(p: list[Problem], cfg: StackConfig, names: list[str]) -> None:
+    """The settings of the Prometheus `pulumi up` runs on `monitoring.node` (none when it is unset: only
+    `render --out` uses the rest). Its port is checked with every other port (_port_collisions)."""
+    m = cfg.monitoring
+    if m.node is None:
+        return
+    if m.node not in names:
+        near = did_you_mean(m.node, names)
+        p.append(Problem(setting("monitoring", "node"), f"unknown node {m.node!r}",
+                         (f"did you mean '{near}'? Otherwise use" if near else "use")
+                         + f" one of the names in ascend-pd:nodes: {names}, or remove monitoring.node"))
+    # Host paths: the config dir is removed by destroy, the data dir written by Prometheus.
+    why = owned_path_problem(m.dir, _protected_mounts(cfg))
+    mine, model = m.dir.rstrip("/") or "/", cfg.model.path.rstrip("/") or "/"
+    if why is None and (_inside(mine, model) or _inside(model, mine)):
+        why = f"overlaps the model weights (ascend-pd:model.path {cfg.model.path})"
+    if why:
+        p.append(Problem(setting("monitoring", "dir"), f"{m.dir!r} {why}; ascend-pd writes it and destroy deletes "
+                         "its config/", "use a directory of its own, e.g. /var/lib/ascend-pd/prometheus"))
+    taken = {cfg.container.name: "the NPU container's name (container.name)"}
+    if cfg.etcd.image is not None and cfg.etcd.node == m.node:
+        taken[cfg.etcd.container_name] = "etcd's container on the same node (etcd.containerName)"
+    if m.container_name in taken:
+        p.append(Problem(setting("monitoring", "containerName"),
+                         f"{m.container_name!r} is also {taken[m.container_name]}",
+                         "give the Prometheus container its own name"))
+    if m.node_exporter_port is not None and m.port == m.node_exporter_port:
+        p.append(Problem(setting("monitoring", "port"), f"port {m.port} on node {m.node} is also the node_exporter's "
+                         "(monitoring.nodeExporterPort), which Prometheus scrapes on every node",
+                         "give Prometheus another port"))
+    node = next((n for n in cfg.nodes if n.name == m.node), None)
+    if m.exporter is not None and node is not None:
+        host, _, port = m.exporter.rpartition(":")
+        if host in (node.name, node.address) and int(port) == m.port:
+            p.append(Problem(setting("monitoring", "port"), f"port {m.port} on node {m.node} is also `ascend-pd "
+                             f"exporter`'s (monitoring.exporter {m.exporter})", "give Prometheus another port"))
 
 
 def _port_collisions(cfg: StackConfig) -> list[Problem]:
@@ -498,6 +537,8 @@ def _port_collisions(cfg: StackConfig) -> list[Problem]:
                     for t in range(r.tp):
                         claim(node, r.kv_port + rank * r.tp + t, f"{role} Mooncake side channel",
                               setting(role, "kvPort"))
+    if cfg.monitoring.node is not None:  # last: a clash names monitoring.port, the setting that moves it
+        claim(cfg.monitoring.node, cfg.monitoring.port, "Prometheus", setting("monitoring", "port"))
     direct = mooncake_direct_range(cfg.npus)
     rank_nodes = set(cfg.prefill.nodes) | set(cfg.decode.nodes)
     for node in sorted(rank_nodes):

@@ -137,7 +137,7 @@ def test_components_are_the_component_resources_of_the_package():
                if inspect.isclass(cls) and issubclass(cls, pulumi.ComponentResource)}
     documented = {c.name: c for c in docs.components()}
     assert set(documented) == set(classes) == {"HugepageHost", "NpuContainer", "EtcdSingle", "YuanrongWorker",
-                                               "VllmDpGroup", "PdProxy", "NodePreflight"}
+                                               "VllmDpGroup", "PdProxy", "NodePreflight", "PrometheusServer"}
     for name, c in documented.items():
         assert c.token == f"ascend-pd:index:{name}"
         hints = typing.get_type_hints(classes[name].__init__)
@@ -146,7 +146,7 @@ def test_components_are_the_component_resources_of_the_package():
         assert set(c.after) == takes, name
     order = [c.name for c in docs.components()]
     assert order.index("NpuContainer") < order.index("EtcdSingle") < order.index("YuanrongWorker") \
-        < order.index("VllmDpGroup") < order.index("PdProxy")
+        < order.index("VllmDpGroup") < order.index("PdProxy") < order.index("PrometheusServer")
 
 
 def test_a_component_without_its_docs_fields_is_refused(tmp_path):
@@ -191,3 +191,17 @@ def test_kind_metadata_does_not_change_validation():
     with pytest.raises(ValueError):
         M(port=80)
     assert isinstance(docs._kind(M.model_fields["port"].metadata), Kind)
+
+
+def test_runbook_table_lists_every_generated_alert():
+    """docs/operations.md's runbook table has one row per alert the rules can hold (exporter and
+    node_exporter alerts included), and no row for an alert that does not exist."""
+    from ascend_pd.loader import load_stack
+    from ascend_pd.monitoring import Monitoring, alerts
+    from ascend_pd.plan import build_plan
+
+    plan = build_plan(load_stack("a2-8node"), "a2-8node")
+    names = {a.name for a in alerts(plan, Monitoring(exporter="10.9.0.1:9478"))}
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(AscendPd\w+)` \|", text, flags=re.M))
+    assert rows == names, (sorted(names - rows), sorted(rows - names))

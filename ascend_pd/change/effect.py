@@ -11,7 +11,9 @@ The rules are the scripts' own:
   (its container replaced: a new image) while the proxy and etcd serve on: its delete drains the
   instance through the same slots, and the new launch gives the slot back once it serves again;
 * a delete of the final phase stops the old processes after everything else;
-* a worker re-run while etcd restarts (on an empty data dir) finds itself unregistered and restarts.
+* a worker re-run while etcd restarts (on an empty data dir) finds itself unregistered and restarts;
+* Prometheus (`monitoring.node`) is off the serving path: a new configuration is written and reloaded,
+  a new image or container setting restarts it, neither touches a served request (a note says which).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from typing import Mapping, Optional, Sequence
 
 from ..engine.capture import COMMAND, CONTAINER, IMAGE, Graph, Reg, plain
 from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, SAME, UPDATE, Step, Timing, simulate
-from ..engine.timing import KEPT_S, MODEL_LOAD_S, delete_seconds, launch_gangs, step_seconds
+from ..engine.timing import KEPT_S, MODEL_LOAD_S, PROMETHEUS_PARENT, delete_seconds, launch_gangs, step_seconds
 from ..plan import Plan
 from ..scripts import node_scripts
+from ..scripts.prometheus import server as prometheus_server
 from ..shell import Script
 
 ROLES = ("prefill", "decode")
@@ -296,6 +299,57 @@ def _before_failure(steps: Sequence[Step], failing: Sequence[int], timing: Timin
     return out
 
 
+# The resources of PrometheusServer: `<monitoring.node>-prometheus-<part>`.
+PROMETHEUS_PARTS = ("config", "image", "container", "reload")
+
+
+def _is_prometheus(step: Step) -> bool:
+    """A child of PrometheusServer (by its URN: a node may itself be named `...-prometheus`)."""
+    return PROMETHEUS_PARENT in step.urn and step.name.endswith(tuple(f"-prometheus-{p}" for p in PROMETHEUS_PARTS))
+
+
+def _prometheus_notes(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan) -> list[str]:
+    """What a run does to Prometheus on `monitoring.node`, per node it runs (or ran) on: it starts,
+    restarts (a new container), reloads (a new configuration, same container) or goes. Never a
+    serving impact: nothing of the serving path waits for it."""
+    old = prometheus_server(old_plan) if old_plan is not None else None
+    new = prometheus_server(new_plan)
+    ops: dict[str, dict[str, str]] = {}  # node -> part -> op
+    for s in steps:
+        if s.acts and _is_prometheus(s):
+            node, _, part = s.name.rpartition("-prometheus-")
+            ops.setdefault(node, {})[part] = s.op
+    out = []
+    for node, parts in sorted(ops.items()):
+        container, config = parts.get("container"), parts.get("config")
+        here = new if new is not None and new.node == node else None
+        was = old if old is not None and old.node == node else None
+        if container == CREATE and here is not None:
+            out.append(f"Prometheus starts on {node} ({here.url}, image {here.image}) after the proxy, data in "
+                       f"{here.data_dir}: no serving impact")
+        elif container in (DELETE, DELETE_REPLACED) and here is None:
+            data = f"its data in {was.data_dir} stays on the node" if was else "its data stays on the node"
+            out.append(f"Prometheus on {node} is removed at the end of the run (container and configuration); {data}: "
+                       "no serving impact")
+        elif container == REPLACE:
+            why = (f"image {was.image} -> {here.image}" if was and here and was.image != here.image
+                   else "its container settings change")
+            also = "; it starts with the new configuration" if config in (UPDATE, REPLACE, CREATE) else ""
+            data = f"; its data in {here.data_dir} is kept" if here else ""
+            if was and here and was.data_dir != here.data_dir:
+                data = (f"; it starts with an empty TSDB in {here.data_dir} ({was.dir}, the history and the old "
+                        "configuration, stays on the node, read by nothing: remove it by hand)")
+            out.append(f"Prometheus on {node} restarts in a new container ({why}): its UI, API and alert evaluation "
+                       f"pause for seconds{data}{also}: no serving impact")
+        elif config == REPLACE:  # its triggers hold the files' sha256
+            out.append(f"Prometheus on {node} reloads its configuration (rules, alerts or targets changed: the files "
+                       "are rewritten, then `POST /-/reload`), no restart: no serving impact")
+        elif config == UPDATE or parts.get("reload") in (UPDATE, REPLACE):
+            out.append(f"Prometheus on {node}: its configuration (the same files) is written again and reloaded "
+                       "(a stopped container is started), no restart: no serving impact")
+    return out
+
+
 def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old_graph: Optional[Graph],
             new_graph: Graph) -> Effect:
     old = scripts_by_resource(old_plan, old_graph)
@@ -322,8 +376,10 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
     roles = [_role(r, old_plan, new_plan, processes, steps, timing) for r in ROLES]
     notes = []
     containers = sorted(node_of(s, new, new_plan) for s in steps
-                        if s.op == REPLACE and s.type == CONTAINER and s.name not in etcd_container)
-    pulled = {node_of(s, new, new_plan) for s in steps if s.acts and s.type == IMAGE and s.op in (CREATE, REPLACE)}
+                        if s.op == REPLACE and s.type == CONTAINER and s.name not in etcd_container
+                        and not _is_prometheus(s))
+    pulled = {node_of(s, new, new_plan) for s in steps
+              if s.acts and s.type == IMAGE and s.op in (CREATE, REPLACE) and not _is_prometheus(s)}
     if containers:
         with_pull = [n for n in containers if n in pulled]
         notes.append(f"the NPU container is replaced on {', '.join(containers)}: everything in it stops first "
@@ -368,6 +424,7 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
                          "Only weights of the same architecture and KV layout can work together; for another model, "
                          "take the service down for the change (`rollout.maxUnavailable` >= the instances of each "
                          "role) instead of rolling")
+    notes += _prometheus_notes(steps, old_plan, new_plan)
     fails = [why for _, _, why in conflicts]
     rollout = max((r.duration_s for r in roles if r.rolling and r.restarting), default=0.0)
     up_s = max(timing.makespan_s, rollout)

@@ -10,7 +10,9 @@ from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
 from .preflight import NodePreflight
+from .prometheus_server import PrometheusServer
 from .vllm_dp_group import VllmDpGroup
 from .yuanrong_worker import YuanrongWorker
 
-__all__ = ["deploy", "EtcdSingle", "HugepageHost", "NodePreflight", "NpuContainer", "PdProxy", "VllmDpGroup", "YuanrongWorker"]
+__all__ = ["deploy", "EtcdSingle", "HugepageHost", "NodePreflight", "NpuContainer", "PdProxy", "PrometheusServer", "VllmDpGroup",
+           "YuanrongWorker"]

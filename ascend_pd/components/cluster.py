@@ -12,13 +12,19 @@ Start order per node (every arrow is a dependency; nodes proceed independently):
                                      +--> <node>-launch (its instance's ranks; after the workers  <-+
                                               of every node of its DP group)
                                               -> <proxy node>-proxy (after every launch)
+                                                   -> <mon node>-prometheus-config, -prometheus-image
+                                                        -> <mon node>-prometheus-container
+                                                             -> <mon node>-prometheus-reload
+                                                   (only with monitoring.node: on that node's host and docker)
 
 Nothing waits for what it does not use: the worker starts while the stack's pip and patch steps
 run (the launch needs them), etcd needs only its binary. No Command depends on another node's
 resources except through etcd (workers), a multi-node group's launches (its nodes' workers) and the
-proxy (every launch): see vllm_dp_group.py for why.
+proxy (every launch): see vllm_dp_group.py for why; and Prometheus, which waits for the proxy so that
+nothing of the serving path waits for it.
 
-Destroy runs in reverse: proxy, launches, workers, etcd, preparation, container, huge pages.
+Destroy runs in reverse: Prometheus (its data stays), proxy, launches, workers, etcd, preparation,
+container, huge pages.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ import pulumi
 
 from ascend_pd import scripts
 from ascend_pd.plan import Plan
+from ascend_pd.scripts.prometheus import config_files, digest, server
 
 from .etcd_single import EtcdSingle
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
 from .preflight import NodePreflight
+from .prometheus_server import PrometheusServer
 from .transport import connection, container_command
 from .values import rank_rows, smoke_test
 from .vllm_dp_group import VllmDpGroup
@@ -117,10 +125,22 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
     proxy = PdProxy("proxy", proxy=plan.proxy, node=nodes[plan.proxy.node], npu=npus[plan.proxy.node], groups=groups,
                     script=scripts.proxy(plan))
 
-    return {
+    outputs: dict[str, Any] = {
         "proxyUrl": proxy.url,
         "servedModel": cfg.model.served_name,
         "etcdEndpoint": etcd.endpoint,
         "ranks": rank_rows(plan),
         "smokeTest": smoke_test(proxy.url, cfg.model.served_name, cfg.proxy.smoke_timeout_s),
     }
+
+    prom = server(plan)  # None unless monitoring.node is set: most sites run their own Prometheus
+    if prom is not None:
+        prometheus = PrometheusServer(
+            "prometheus",
+            opts=pulumi.ResourceOptions(depends_on=[proxy]),  # after the proxy: see the module docstring
+            server=prom, node=nodes[prom.node], npu=npus[prom.node], proxy=proxy, conn=conns[prom.node],
+            config=scripts.prometheus_config(plan), reload=scripts.prometheus_reload(plan),
+            digest=digest(config_files(plan)),
+        )
+        outputs["prometheusUrl"] = prometheus.url
+    return outputs

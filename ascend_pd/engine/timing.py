@@ -30,6 +30,9 @@ WORKER_S = 60.0  # dscli start with 500 GB of shared memory
 MODEL_LOAD_S = 1200.0  # every rank of an instance loads and warms up
 PROXY_S = 30.0  # /healthcheck, then one chat completion
 PROBES_S = 2.0
+PROMETHEUS_PULL_S = 60.0  # quay.io/prometheus/prometheus: about 100 MB, not a 20 GB vLLM image
+PROMETHEUS_CONFIG_S = 2.0  # a few files written over SSH
+PROMETHEUS_RELOAD_S = 10.0  # /-/ready of a fresh container (WAL replay), then POST /-/reload
 # A re-run (an update) of a service script whose processes run on with the same command: it checks
 # them (health, registration) and exits.
 KEPT_S = 5.0
@@ -50,6 +53,9 @@ COMMAND_S = (
     ("-proxy", PROXY_S),
     ("-probes", PROBES_S),
 )
+# The children of PrometheusServer (`<node>-prometheus-*`), told by their URN: a node may be named
+# `...-prometheus` itself.
+PROMETHEUS_PARENT = "ascend-pd:index:PrometheusServer$"
 
 
 def delete_seconds(step: Step) -> float:
@@ -61,6 +67,11 @@ def delete_seconds(step: Step) -> float:
 
 def step_seconds(step: Step, *, model_load_s: float = MODEL_LOAD_S) -> float:
     reg = step.reg
+    if PROMETHEUS_PARENT in reg.urn:
+        if reg.type == IMAGE:
+            return PROMETHEUS_PULL_S
+        if reg.type == COMMAND:
+            return PROMETHEUS_RELOAD_S if reg.name.endswith("-reload") else PROMETHEUS_CONFIG_S
     if reg.type == IMAGE:
         return IMAGE_PULL_S
     if reg.type == CONTAINER:

@@ -18,6 +18,7 @@ from .hugepages import hugepages
 from .launch import launch
 from .preflight import preflight
 from .prepare import prepare
+from .prometheus import prometheus, prometheus_config, prometheus_reload
 from .proxy import proxy
 from .worker import worker
 
@@ -39,7 +40,10 @@ def node_scripts(plan: Plan, node: str) -> tuple[Script, ...]:
     if node == plan.proxy.node:
         out.append(proxy(plan))
     out.append(probes(plan, node))
+    if node == plan.cfg.monitoring.node:  # Prometheus (monitoring.node), after the proxy
+        out += prometheus(plan)
     return tuple(out)
 
 
-__all__ = ["node_scripts", "hugepages", "prepare", "etcd", "worker", "launch", "preflight", "proxy", "probes", "Script"]
+__all__ = ["node_scripts", "hugepages", "prepare", "etcd", "worker", "launch", "preflight", "proxy", "probes",
+           "prometheus", "prometheus_config", "prometheus_reload", "Script"]
