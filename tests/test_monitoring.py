@@ -325,7 +325,11 @@ def alert_tests(plan: Plan, m: Monitoring) -> tuple[list[dict], list[dict]]:
         series("ascend_pd_smoke_success", exp, flat(0, n))],
         "alert_rule_test": [
             {"eval_time": f"{m.alert_for_s + 30}s", "alertname": name, "exp_alerts": [expected(plan, m, name, exp)]}
-            for name in ("AscendPdExporterDown", "AscendPdProxyDown", "AscendPdSmokeFailing")]})
+            for name in ("AscendPdExporterDown", "AscendPdProxyDown", "AscendPdSmokeFailing")] + [
+            # The exporter down: no series of it, so nothing of what it reports fires (only ExporterDown)
+            {"eval_time": f"{m.alert_for_s + 30}s", "alertname": name, "exp_alerts": []}
+            for name in ("AscendPdWorkerMissing", "AscendPdRolloutStuck", "AscendPdRolloutFailed",
+                         "AscendPdSmokeStale")]})
     # The smoke's last run: moving every smokeIntervalS (time() is the evaluation time in promtool), then stuck.
     every = m.smoke_interval_s
     stale_after = 3 * every + 60
