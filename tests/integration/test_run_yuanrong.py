@@ -278,7 +278,9 @@ def test_worker_pids_matches_exactly_one_address(tmp_path: Path):
              for a in ("127.0.1.99:18481", "127.0.1.199:18481")]
     try:
         for pr in procs:
-            harness.wait_for(lambda: "datasystem_worker" in " ".join(harness.cmdline(pr.pid)), 5)
+            # argv[0] itself: bash's own command line (before its exec) holds the name too, and a scan
+            # that meets the process inside its exec reads an empty command line.
+            harness.wait_for(lambda: harness.cmdline(pr.pid)[:1] == [f"{tmp_path}/datasystem_worker"], 5)
         script = library("worker_lib") + 'worker_pids "$1"; worker_pids "$2" | tr "\\n" " "; echo; worker_pids "$3"\n'
         out = subprocess.run(["bash", "-c", script, "worker_pids", "127.0.1.99:18481", "27.0.1.99:18481",
                               "127.0.1.199:18481"], capture_output=True, text=True, timeout=30)
