@@ -37,6 +37,7 @@ def summary_blocks(plan: Plan) -> list[Block]:
         + (f" (container {plan.etcd.container_name}, image {plan.etcd.image})" if plan.etcd.image else ""),
         "workers " + " ".join(w.address for w in plan.workers),
         *_images(plan),
+        *_monitoring(plan),
         "",
         f"deploy  pulumi up --stack {plan.stack} --parallel {plan.up_parallelism}"
         "   (every node's pull and launch at once; a DP group's nodes must launch together)",
@@ -51,6 +52,17 @@ def _images(plan: Plan) -> list[str]:
     if len(by_image) < 2 and plan.cfg.container.image in by_image:
         return []
     return [f"image   {image}  on {' '.join(nodes)}" for image, nodes in by_image.items()]
+
+
+def _monitoring(plan: Plan) -> list[str]:
+    """Where Prometheus runs when `pulumi up` deploys it (monitoring.node), and the exporter it scrapes."""
+    from .scripts.prometheus import server
+
+    m, srv = plan.cfg.monitoring, server(plan)
+    lines = [f"prometheus {srv.url}  on {srv.node} (container {srv.container_name}, image {srv.image})"] if srv else []
+    if m.exporter is not None:
+        lines.append(f"exporter   http://{m.exporter}/metrics  (run `ascend-pd exporter --stack {plan.stack}` there)")
+    return lines
 
 
 def summary(plan: Plan) -> str:

@@ -558,3 +558,15 @@ def test_shellcheck_passes_on_the_scripts_and_their_wrappers(stack, tmp_path):
     proc = subprocess.run(["shellcheck", "--severity=style", *names], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_render_names_where_prometheus_and_the_exporter_run():
+    from ascend_pd.render import summary
+
+    plain = summary(plan_with())
+    assert "prometheus" not in plain and "exporter" not in plain
+    plan = plan_with(node=NODE, port=9191, exporter="10.0.0.9:9478")
+    address = next(n.address for n in plan.nodes if n.name == NODE)
+    text = summary(plan)
+    assert f"prometheus http://{address}:9191  on {NODE} (container ascend-pd-prometheus, image " in text
+    assert f"exporter   http://10.0.0.9:9478/metrics  (run `ascend-pd exporter --stack {STACK}` there)" in text
