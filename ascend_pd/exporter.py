@@ -44,6 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 from .monitoring import Monitoring
+from .valuetypes import HOST
 from .plan import ROLES, Plan
 from .status import (
     CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, Timeouts, _check_proxy, _check_registrations, _etcd_call, _etcd_client,
@@ -57,8 +58,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HANDLER_TIMEOUT_S = 10.0  # a client that sends its request slower than this is dropped
 STOP_SMOKE_S = 2.0  # how long stopping waits for a smoke in flight (its thread is a daemon)
 
-# The host part of monitoring.exporter's type (valuetypes.HostPort): a host name or IPv4 address.
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?")
+_HOST = re.compile(HOST)  # the host part of monitoring.exporter's type (valuetypes.HostPort)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -407,12 +407,16 @@ def hang_window_s(monitoring: Monitoring) -> int:
     return HANG_WINDOW_SCRAPES * monitoring.scrape_interval_s
 
 
+def _runbook_commands(stack: str) -> tuple[str, str, str]:
+    """The runbooks' commands: confirm with status, fix with heal, or re-run every service script."""
+    return (f"ascend-pd status --stack {stack}", f"ascend-pd heal --stack {stack}",
+            f"pulumi config set ascend-pd:converge $(date +%s) --stack {stack} && pulumi up --stack {stack}")
+
+
 def _cluster_alerts(plan: "Plan", monitoring: Monitoring) -> list[Alert]:
     """The ranks', etcd's and the KV pool's alerts (always generated)."""
     s, m = plan.stack, monitoring
-    cmd = f"ascend-pd status --stack {s}"
-    heal = f"ascend-pd heal --stack {s}"
-    redo = f"pulumi config set ascend-pd:converge $(date +%s) --stack {s} && pulumi up --stack {s}"
+    cmd, heal, redo = _runbook_commands(s)
     w = duration(m.rate_window_s)
     hang_s = plan.cfg.hang.seconds
     hw = hang_window_s(m)
@@ -541,9 +545,7 @@ def _exporter_alerts(plan: "Plan", m: Monitoring) -> list[Alert]:
     from .scripts.launch import restart_bound_s  # scripts imports plan, which imports config, which imports this
 
     s = plan.stack
-    cmd = f"ascend-pd status --stack {s}"
-    heal = f"ascend-pd heal --stack {s}"
-    redo = f"pulumi config set ascend-pd:converge $(date +%s) --stack {s} && pulumi up --stack {s}"
+    cmd, heal, redo = _runbook_commands(s)
     sel = f"{{job={_q(JOB_EXPORTER)},stack={_q(s)}}}"
     bound = restart_bound_s(plan.cfg)
     return [

@@ -95,7 +95,8 @@ ImageRef = Annotated[Text, _pattern(
     "'quay.io/ascend/vllm-ascend:v0.20.2rc1'"),
     Kind("image", "a docker image reference with a tag and/or an `@sha256:` digest, "
          "e.g. `quay.io/ascend/vllm-ascend:v0.20.2rc1`")]
-HostPort = Annotated[Text, _pattern(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])",
+HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?"  # a host name or IPv4 address (HostPort, exporter --listen)
+HostPort = Annotated[Text, _pattern(HOST + r":([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])",
                                 "'10.0.0.9:9478' or 'mon-host:9478'"),
                      Kind("address", "host:port (a host name or IPv4 address, a port 1-65535)")]
 Nic = Annotated[Text, _pattern(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}", "'enp67s0f0np0' (at most 15 characters)"),
