@@ -4,12 +4,13 @@ The scenarios that run these steps for real are tests/integration/test_scenarios
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
 
 import pytest
-from pulumi_harness import COMMAND, CONTAINER, PROJECT, run_program, stack_config
+from pulumi_harness import COMMAND, CONTAINER, DOCKER_PROVIDER, IMAGE, PROJECT, run_program, stack_config
 
 from ascend_pd.engine.capture import Graph
 from ascend_pd.engine.model import (CREATE, DELETE, DELETE_REPLACED, REPLACE, SAME, UPDATE, execute, plan_destroy,
@@ -250,3 +251,128 @@ def test_a_multi_node_group_of_which_one_launch_changes_is_no_stalled_gang(base)
     sames = [i for i, s in enumerate(steps) if s.name.endswith("-launch") and not s.acts]
     launch = next(i for i, s in enumerate(steps) if s.name == "d3x-launch")
     assert not simulate(steps, step_seconds, parallel=16, gangs=[set(sames) | {launch}]).stalled
+
+
+# ---------------------------------------------------------------------------------------------
+# The docker rules: pulumi-docker 5.1.0 = terraform-provider-docker 4.5.0 (engine/model.py).
+
+
+def with_inputs(g: Graph, resource: str, changes: dict) -> Graph:
+    """`g` with some inputs of `resource` changed (a key set to None is removed)."""
+    def edit(r):
+        if r.name != resource:
+            return r
+        inputs = {**r.inputs, **changes}
+        return dataclasses.replace(r, inputs={k: v for k, v in inputs.items() if v is not None})
+
+    return Graph(regs=[edit(r) for r in g.regs])
+
+
+def op_of(steps, name: str) -> list[str]:
+    return [s.op for s in steps if s.name == name]
+
+
+@pytest.mark.parametrize("change, replaces", [
+    # Updated in place by provider 4.5.0 (no ForceNew): ContainerUpdate, ContainerStart or the state only.
+    ({"restart": "always"}, False),
+    ({"mustRun": False}, False),
+    ({"init": False}, False),
+    ({"memory": 4096}, False),
+    ({"destroyGraceSeconds": 30}, False),
+    # New in 4.x and not ForceNew: 3.9 had no such attribute (the 3.9 rules replaced the container).
+    ({"deviceReadBps": [{"path": "/dev/sda", "rate": 1048576}]}, False),
+    ({"deviceWriteIops": [{"path": "/dev/sda", "rate": 100}]}, False),
+    # ForceNew in 4.5.0, as in 3.9: `devices` and every field of it, and the other `docker run` options.
+    ({"devices": [{"hostPath": "/dev/davinci_manager", "containerPath": "/dev/davinci_manager", "permissions": "rw"}]},
+     True),
+    ({"shmSize": 1024}, True),
+    ({"tty": False}, True),
+    ({"stdinOpen": False}, True),
+    ({"envs": ["A=1"]}, True),
+    ({"entrypoints": ["sh"]}, True),
+    ({"workingDir": "/tmp"}, True),
+    ({"privileged": False}, True),
+    ({"networkMode": "bridge"}, True),
+    ({"labels": [{"label": "x", "value": "y"}]}, True),
+    ({"platform": "linux/arm64"}, True),  # new in 4.x, ForceNew
+    ({"deviceRequests": [{"driver": "cdi", "deviceIds": ["vendor.com/npu=all"]}]}, True),  # new in 4.x, ForceNew
+])
+def test_a_container_change_updates_or_replaces_as_provider_4_5_does(base, change, replaces):
+    g = base["a3-4node"]
+    steps = plan_up(g.regs, with_inputs(g, "p0-container", change))
+    ops = op_of(steps, "p0-container")
+    if replaces:
+        # Delete first (the program's delete_before_replace, and the provider's own default).
+        assert ops == [DELETE_REPLACED, REPLACE], ops
+        assert next(s for s in steps if s.op == REPLACE and s.name == "p0-container").why == tuple(sorted(change))
+    else:
+        assert ops == [UPDATE], ops
+        assert {s.name for s in steps if s.acts and s.op != SAME} == {"p0-container"}
+
+
+@pytest.mark.parametrize("change, replaces", [
+    ({"keepLocally": False}, False),
+    ({"forceRemove": True}, False),
+    ({"name": "quay.io/ascend/vllm-ascend:v9"}, True),
+    ({"platform": "linux/arm64"}, True),
+    ({"triggers": {"digest": "sha256:1"}}, True),
+    ({"pullTriggers": ["sha256:1"]}, True),
+])
+def test_an_image_change_updates_or_replaces_as_provider_4_5_does(base, change, replaces):
+    g = base["a3-4node"]
+    steps = plan_up(g.regs, with_inputs(g, "p0-image", change))
+    ops = op_of(steps, "p0-image")
+    if replaces:
+        # Create before delete: the old image goes at the very end (and stays: keepLocally).
+        assert ops == [REPLACE, DELETE_REPLACED], ops
+        assert [s.phase for s in steps if s.name == "p0-image"] == ["main", "final"]
+        assert op_of(steps, "p0-container") == [DELETE_REPLACED, REPLACE]  # its image id changes
+    else:
+        assert ops == [UPDATE], ops
+        assert op_of(steps, "p0-container") == [SAME]
+
+
+def test_a_readdressed_node_updates_its_docker_provider_and_its_container_goes_through_the_new_host(base):
+    """The provider's `host` changes: DiffConfig of pulumi-docker 5.1.0 (bridge 3.133.0) replaces a
+    provider only for a config field marked ForcesProviderReplace, and none is: an update. Its
+    resources keep their provider, so the image is not pulled again; the container is replaced by
+    its address label alone, and the delete of the old container runs after the provider update
+    (through the new host)."""
+    def readdress(nodes):
+        nodes[0]["address"] = "192.0.2.99"
+
+    g = base["a3-4node"]
+    node = json.loads(stack_config("a3-4node")[f"{PROJECT}:nodes"])[0]["name"]
+    steps = plan_up(g.regs, graph("a3-4node", edited("a3-4node", "nodes", readdress)))
+    provider = next(i for i, s in enumerate(steps) if s.name == f"{node}-docker")
+    assert steps[provider].type == DOCKER_PROVIDER and steps[provider].op == UPDATE
+    assert steps[provider].why == ("host",) and not steps[provider].acts
+    assert op_of(steps, f"{node}-image") == [SAME]
+    old_container = next(i for i, s in enumerate(steps) if s.name == f"{node}-container" and s.op == DELETE_REPLACED)
+    assert steps[old_container].why == ("labels",)
+    assert provider in steps[old_container].after
+    # Without the label nothing of the container would change: the provider update alone replaces nothing.
+    unlabelled = plan_up(with_inputs(g, f"{node}-container", {"labels": None}).regs,
+                         with_inputs(graph("a3-4node", edited("a3-4node", "nodes", readdress)),
+                                     f"{node}-container", {"labels": None}))
+    assert op_of(unlabelled, f"{node}-container") == [SAME]
+    assert op_of(unlabelled, f"{node}-docker") == [UPDATE]
+
+
+def test_a_container_without_the_option_is_still_replaced_delete_first(base):
+    """pulumi-docker asks for delete-before-replace on every docker_container; an explicit
+    delete_before_replace (True or False) overrides it, an unset one does not."""
+    g = base["a3-4node"]
+    assert all(r.delete_before_replace and r.delete_before_replace_defined for r in g.of_type(CONTAINER))
+
+    def option(value, defined):
+        return Graph(regs=[dataclasses.replace(r, delete_before_replace=value, delete_before_replace_defined=defined)
+                           if r.name == "p0-container" else r for r in g.regs])
+
+    for value, defined, expect in ((False, False, [DELETE_REPLACED, REPLACE]),
+                                   (False, True, [REPLACE, DELETE_REPLACED])):
+        state = option(value, defined)
+        steps = plan_up(state.regs, with_inputs(state, "p0-container", {"shmSize": 1024}))
+        assert op_of(steps, "p0-container") == expect, (value, defined)
+    # An image has no such default: unset, it is replaced create-first.
+    assert not any(r.delete_before_replace for r in g.of_type(IMAGE))

@@ -44,6 +44,8 @@ class Reg:
     aliases: tuple[str, ...] = ()  # earlier names (name-only aliases)
     custom_timeouts: dict[str, str] = field(default_factory=dict)
     id: str = ""  # the provider's id (the mocks give "<name>-id"; the engine model keeps it across updates)
+    # Whether the program set delete_before_replace at all (True or False): unset, the provider decides.
+    delete_before_replace_defined: bool = False
 
 
 @dataclass
@@ -140,6 +142,7 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
                     provider=request.provider,
                     dependencies=frozenset(request.dependencies),
                     delete_before_replace=bool(request.deleteBeforeReplace),
+                    delete_before_replace_defined=bool(request.deleteBeforeReplaceDefined),
                     replace_on_changes=tuple(request.replaceOnChanges),
                     inputs=rpc.deserialize_properties(request.object),
                     custom=bool(request.custom),

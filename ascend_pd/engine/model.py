@@ -1,27 +1,40 @@
 """The steps a `pulumi up` (or `destroy`) runs to take a stack from the state of its last run to the
 graph the program registers now, and the order it runs them in.
 
-Pulumi's CLI cannot run here, so this is a model of its engine, written from the engine's source
-(pkg/resource/deploy/step_generator.go, pulumi 3.x) and the providers' schemas (pulumi-command
-1.x; pulumi-docker 4.x = terraform-provider-docker 3.9). The rules it applies:
+It is a model of the engine (diff and the fast tests run it where no CLI and no cluster are), written
+from the engine's source
+(pkg/resource/deploy/step_generator.go, pulumi 3.259.0) and the providers' schemas (pulumi-command
+1.2.1; pulumi-docker 5.1.0 = terraform-provider-docker 4.5.0, bridged by pulumi-terraform-bridge
+3.133.0). The rules it applies:
 
 * A registration whose URN (or one of its aliases) is in the state is diffed against it; otherwise
   it is a **create**.
 * A diff is an **update** unless a changed property forces a **replacement**: `triggers` of a
   `command:remote:Command` (pulumi-command marks it replace-on-change), any property of a docker
-  Container outside the few the provider updates in place (restart, mustRun, init, ...), a docker
-  image's name or triggers, and anything named in the resource's `replaceOnChanges`. An update of a
-  Command runs its `create` again (no `update` command is set); its `delete` does not run.
+  Container outside the few the provider updates in place (restart, mustRun, init, the device
+  throttles, ...), a docker image's name, platform or triggers, and anything named in the
+  resource's `replaceOnChanges`. An update of a Command runs its `create` again (no `update`
+  command is set); its `delete` does not run. A change to a docker Provider's inputs (`host`,
+  `sshOpts`) **updates** the provider, never replaces it (the bridge's DiffConfig replaces only
+  for config fields marked ForcesProviderReplace, and pulumi-docker marks none): its resources keep
+  their provider reference, so nothing is replaced for it, and every later step through that
+  provider, the deletes of old containers included, reaches the NEW host (if that is another
+  machine, the old container is not found there, which the 4.5.0 delete takes as done, and it
+  stays behind on the old machine).
 * An input that depends (a property dependency) on a resource being replaced counts as changed: the
   new resource's outputs differ. `dependsOn` alone never propagates a change.
-* A replacement with `deleteBeforeReplace` first deletes, in reverse dependency order, every
+* A replacement is delete-before-replace when the resource says so (`deleteBeforeReplace`), or,
+  when the resource leaves the option unset, when the provider asks for it: pulumi-docker does for
+  every Container.
+* A delete-before-replace replacement first deletes, in reverse dependency order, every
   dependent that the replacement forces out (transitively, through property dependencies that
   force a replacement of the dependent), then the old resource, then creates the new one; the
-  dependents are created again when the program registers them. Without `deleteBeforeReplace` the
-  new one is created first and the old one is deleted at the end.
+  dependents are created again when the program registers them. Otherwise the new one is created
+  first and the old one is deleted at the end.
 * Resources no longer registered, and the old halves of create-before-delete replacements, are
   deleted **after every create, update and replacement of the run has succeeded**, dependents
-  first, each with the inputs (and SSH connection) recorded in the state.
+  first, each with the inputs recorded in the state (a Command's SSH connection is one of them; a
+  docker resource's daemon is its provider's current `host`).
 * A step starts once the steps of the resources it depends on (and its parent) have finished; at
   most `parallel` steps run at once (the CLI's default is 4 x the operator's CPUs). After a failed
   step no new step starts; steps already running finish; no delete of the final phase runs.
@@ -44,16 +57,34 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from .capture import COMMAND, CONTAINER, DOCKER_PROVIDER, IMAGE, Graph, Reg, plain
 
-# Properties of a docker_container that terraform-provider-docker 3.9 updates in place (no ForceNew
-# in resource_docker_container.go); a change to any other input replaces the container.
+# Properties of a docker_container that terraform-provider-docker 4.5.0 (pulumi-docker 5.1.0) updates
+# in place: the top-level attributes of internal/provider/resource_docker_container.go without
+# ForceNew (and without a ForceNew nested field), by their Pulumi names (as pulumi-docker 5.1.0's
+# schema.json spells them; provider/resources.go renames none of these). A change to any other
+# input replaces the container.
+# Against 3.9 the list gained the four block-IO throttles (device_read_bps, device_read_iops,
+# device_write_bps, device_write_iops, lines 693-772), which resourceDockerContainerUpdate applies
+# with ContainerUpdate (resource_docker_container_funcs.go:1014-1018); `devices` (line 663, each
+# field ForceNew) still replaces. Of the rest the update acts on restart, max_retry_count, memory*,
+# cpu_shares, cpu_set and must_run false->true (a ContainerStart, line 997); the others (init, tmpfs,
+# healthcheck, rm, cpu_period, cpu_quota, ...) change only the state, not the running container.
 CONTAINER_IN_PLACE = frozenset({
     "rm", "start", "wait", "waitTimeout", "attach", "logs", "mustRun", "restart", "maxRetryCount",
-    "removeVolumes", "tmpfs", "destroyGraceSeconds", "memory", "memoryReservation", "memorySwap",
-    "cpuShares", "cpuSet", "healthcheck", "containerReadRefreshTimeoutMilliseconds", "init", "cpuPeriod",
-    "cpuQuota",
+    "removeVolumes", "tmpfs", "deviceReadBps", "deviceReadIops", "deviceWriteBps", "deviceWriteIops",
+    "destroyGraceSeconds", "memory", "memoryReservation", "memorySwap", "cpuShares", "cpuSet", "healthcheck",
+    "containerReadRefreshTimeoutMilliseconds", "init", "cpuPeriod", "cpuQuota",
 })
-# docker_image: name, triggers, pull_triggers and platform are ForceNew (resource_docker_image.go).
+# docker_image (RemoteImage), terraform-provider-docker 4.5.0 resource_docker_image.go: name (line 36),
+# pull_triggers (61), triggers (84) and platform (90) are ForceNew, as in 3.9; keep_locally and
+# force_remove update in place. (`build` is not ForceNew itself but most of its fields are; the
+# program builds nothing, so the model leaves it out.)
 IMAGE_REPLACING = frozenset({"name", "triggers", "pullTriggers", "platform"})
+# Resource types whose provider asks for delete-before-replace when the resource leaves the option
+# unset: pulumi-docker 5.1.0 provider/resources.go:114 (`DeleteBeforeReplace: true` on
+# docker_container), which the bridge returns with every replacing diff (pulumi-terraform-bridge
+# 3.133.0 pkg/tfbridge/provider.go:1253); the engine lets a set option override it
+# (step_generator.go:2044-2047).
+PROVIDER_DELETE_FIRST = frozenset({CONTAINER})
 # pulumi-command: `triggers` replaces; every other input (create, delete, connection, ...) updates.
 COMMAND_REPLACING = frozenset({"triggers"})
 
@@ -137,6 +168,13 @@ def _replacing(reg: Reg, changed: set[str]) -> set[str]:
     elif reg.type == IMAGE:
         forced |= IMAGE_REPLACING
     return changed & forced if reg.custom else set()
+
+
+def _delete_first(reg: Reg) -> bool:
+    """Whether a replacement of `reg` deletes the old one first (see PROVIDER_DELETE_FIRST)."""
+    if reg.delete_before_replace_defined:
+        return reg.delete_before_replace
+    return reg.delete_before_replace or reg.type in PROVIDER_DELETE_FIRST
 
 
 def _waits_for(reg: Reg) -> set[str]:
@@ -225,11 +263,11 @@ def plan_up(state: Sequence[Reg], goal: Graph) -> list[Step]:
             step_of[new.urn] = add(Step(UPDATE, new.urn, old, new, why=tuple(sorted(changed)), after=ready_after))
             continue
         replaced.add(new.urn)
-        if not new.delete_before_replace:
+        if not _delete_first(new):
             step_of[new.urn] = add(Step(REPLACE, new.urn, old, new, why=tuple(sorted(forcing)), after=ready_after))
             late_deletes.append(old)
             continue
-        # deleteBeforeReplace: the dependents this replacement forces out go first, dependents of
+        # Delete before replace: the dependents this replacement forces out go first, dependents of
         # dependents before them; then the old resource; then the new one.
         forced_out = _forced_out(old, old_order, dependents)
         deleted: dict[str, int] = {}
