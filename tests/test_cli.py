@@ -210,6 +210,18 @@ def test_requirements_and_the_package_agree():
     assert sorted(deps) == sorted(reqs)
 
 
+def test_pulumi_sdks_are_pinned_to_the_verified_plugins():
+    """A Python SDK asks the engine for the plugin of its own version: a range would let pip take a
+    release whose plugin the real-engine suite never ran (pulumi-docker 4.11.2's cannot even be built
+    here). The SDKs are pinned exactly, and the venv holds the pinned versions."""
+    from importlib.metadata import version
+
+    reqs = dict(ln.split("==", 1) for ln in (ROOT / "requirements.txt").read_text().splitlines()
+                if ln.startswith("pulumi") and "==" in ln)
+    assert set(reqs) == {"pulumi", "pulumi-command", "pulumi-docker"}
+    assert reqs == {name: version(name) for name in reqs}
+
+
 def test_status_verbose_lists_every_component(tmp_path):
     """`status -v` on a dead cluster: every component's problem, where the default folds each
     unreachable node into one line (the folding itself: tests/test_status_down.py)."""

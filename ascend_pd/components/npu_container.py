@@ -23,6 +23,8 @@ ENTRYPOINT = ["bash"]  # --entrypoint=bash with -it: an idle shell keeps the con
 # Docker's default ("no") leaves the container stopped after a reboot or a daemon restart: every
 # `docker exec` then fails. The services inside still need `ascend-pd:converge` (README).
 RESTART_POLICY = "unless-stopped"
+# Read, write, mknod: docker's default for a --device, and what the daemon reports back.
+DEVICE_PERMISSIONS = "rwm"
 # The label that ties the container to its node's address: a readdressed node is another machine,
 # so its container is replaced (labels force a new container).
 ADDRESS_LABEL = "ascend-pd.node-address"
@@ -93,7 +95,11 @@ class NpuContainer(pulumi.ComponentResource):
             network_mode="host",
             privileged=True,
             shm_size=docker_size_mib(container.shm_size),
-            devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d) for d in DEFAULT_DEVICES],
+            # Written as docker reads it back ("rwm"): a device left without permissions is stored as ""
+            # and read as "rwm" by pulumi-docker 4.x on every refresh, and `devices` forces a new
+            # container, so every NPU container would be replaced after a `pulumi refresh`.
+            devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d, permissions=DEVICE_PERMISSIONS)
+                     for d in DEFAULT_DEVICES],
             volumes=[
                 docker.ContainerVolumeArgs(host_path=v["host"], container_path=v["container"], read_only=v["read_only"])
                 for v in volume_specs(DEFAULT_MOUNTS, container.extra_mounts)
