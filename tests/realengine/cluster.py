@@ -1,0 +1,167 @@
+"""One stack deployed by the real engine onto a fleet of real nodes: the fleet
+(tests/realengine/nodes.py), the test NPU image in its registry (tests/realengine/image.py), a
+Pulumi project for the stack (tests/realengine/engine.py), and the checks an operator makes
+afterwards (`ascend-pd status`, `heal`, what is left on a node).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import engine
+import image as image_build
+import nodes
+import stacks
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ascend-pd"
+ASCEND_PD = [sys.executable, "-m", "ascend_pd"]
+# Processes a deployment starts on a node (inside its containers), as `ps -eo args` shows them.
+SERVICE_MARKERS = ("datasystem_worker", "fake_vllm.py", "load_balance_proxy_server", "pd_proxy_launch", "etcd --")
+
+
+def skip_reason() -> Optional[str]:
+    return nodes.can_run() or engine.missing()
+
+
+def require_real_engine() -> None:
+    """Skip the calling test when the real engine cannot run here, saying how to get it; under
+    CI=true fail instead: CI must never pass without having run it."""
+    import pytest
+
+    why = skip_reason()
+    if why is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and the real engine cannot run: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    """The test image as a stack refers to it."""
+
+    ref: str
+    wheel: str
+    proxies: dict
+
+    def proxy_for(self, stack: str) -> str:
+        import proxy_release
+
+        return self.proxies[proxy_release.STACK_RELEASE[stack]]
+
+
+class RealCluster:
+    """`stack` on `len(stack's nodes)` real nodes, deployed and changed by the real engine."""
+
+    def __init__(self, stack: str, workdir: Path, **overrides: Any) -> None:
+        self.stack = stack
+        self.workdir = workdir
+        names = [n["name"] for n in stacks.settings(stack)["nodes"]]
+        self.fleet = nodes.Fleet(names, workdir / "fleet", npus=16 if stack.startswith("a3") else 8)
+        try:
+            self.image = self._publish_image()
+            self.project = engine.Project(workdir / "project", stack, ssh_config=self.fleet.ssh_config)
+            self.private_key = self.fleet.key.read_text()
+            self.overrides = overrides
+            self.configure()
+        except BaseException:
+            self.fleet.close()
+            raise
+
+    def _publish_image(self) -> Image:
+        build = image_build.ensure_image()
+        storage = CACHE / "registry" / build.key[:16]
+        for old in storage.parent.glob("*"):  # one image's blobs kept, not every edit's
+            if old != storage:
+                shutil.rmtree(old, ignore_errors=True)
+        self.fleet.start_registry(storage)
+        ref = f"{self.fleet.registry}/ascend-pd-test/npu:{build.key[:16]}"
+        self.push_seconds = 0.0
+        if not self.fleet.has_image(ref):
+            self.push_seconds = self.fleet.push_image(build.tarball, build.changes, ref)
+        return Image(ref=ref, wheel=build.wheel, proxies=build.proxies)
+
+    # -- the stack -------------------------------------------------------------------------------
+
+    def settings(self, **overrides: Any) -> dict[str, Any]:
+        return stacks.on_fleet(self.stack, self.fleet, self.image, **{**self.overrides, **overrides})
+
+    def configure(self, **overrides: Any) -> dict[str, Any]:
+        """Write the stack file (the base overrides plus these) as the next `up` will read it."""
+        s = self.settings(**overrides)
+        self.project.configure(s, private_key=self.private_key)
+        return s
+
+    def model_graph(self, **overrides: Any):
+        """The program's registrations for the stack as it is configured, under the SDK's mocks: what
+        `diff` and the engine model (ascend_pd/engine) reason about."""
+        from ascend_pd.engine.capture import capture
+
+        config = {f"ascend-pd:{k}": v if isinstance(v, str) else json.dumps(v)
+                  for k, v in self.settings(**overrides).items()}
+        config["ascend-pd:sshPrivateKey"] = self.private_key
+        return capture(config, stack=self.stack, secret_keys=["ascend-pd:sshPrivateKey"])
+
+    @property
+    def stack_file(self) -> Path:
+        return self.project.stack_file
+
+    # -- what an operator runs afterwards ----------------------------------------------------------
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`ascend-pd ARGS --stack-file <this stack>` from the test's own environment."""
+        env = {**os.environ, **self.project.env, "NO_PROXY": "*"}
+        for v in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+            env.pop(v, None)
+        return subprocess.run([*ASCEND_PD, *args, "--stack-file", str(self.stack_file)], capture_output=True,
+                              text=True, timeout=timeout, env=env, cwd=str(self.project.dir))
+
+    def status(self, *extra: str) -> tuple[int, dict]:
+        p = self.cli("status", "--json", *extra)
+        try:
+            report = json.loads(p.stdout) if p.stdout.strip() else {}
+        except json.JSONDecodeError:
+            report = {"unparsed": p.stdout}
+        report.setdefault("_stderr", p.stderr[-3000:])
+        return p.returncode, report
+
+    def wait_serving(self, timeout: float = 120) -> dict:
+        """status exits 0 (every rank, worker, etcd and the proxy healthy, the P/D smoke through the
+        proxy passed) within `timeout`; the last report otherwise, in the assertion."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rc, report = self.status()
+            if rc == 0:
+                return report
+            if time.monotonic() > deadline:
+                raise AssertionError(f"status exited {rc} for {timeout:.0f}s: {json.dumps(report)[:4000]}")
+            time.sleep(3)
+
+    def heal(self) -> subprocess.CompletedProcess:
+        return self.cli("heal", "--identity", str(self.fleet.key), "--known-hosts", str(self.fleet.known_hosts),
+                        timeout=600)
+
+    def leftovers(self, name: str) -> dict[str, Any]:
+        """What a deployment leaves on node `name` after destroy: containers, service processes,
+        listening ports other than sshd's, huge pages, the host files ascend-pd writes."""
+        n = self.fleet.nodes[name]
+        containers = n.docker("ps", "-aq").stdout.split()
+        procs = [line for line in n.sh("ps -eo args=").stdout.splitlines()
+                 if any(m in line for m in SERVICE_MARKERS)]
+        ports = sorted({line.split()[3].rsplit(":", 1)[1] for line in n.sh("ss -ltnH").stdout.splitlines()
+                        if line.strip()} - {"22"})
+        files = [f for f in ("/etc/sysctl.d/90-ascend-pd-hugepages.conf", "/var/lib/ascend-pd/nr_hugepages.before",
+                             "/tmp/etcd-data") if n.sh(f"test -e {f}", check=False).returncode == 0]
+        pages = n.sh("cat /proc/sys/vm/nr_hugepages").stdout.strip()
+        return {"containers": containers, "processes": procs, "ports": ports, "files": files, "hugepages": pages}
+
+    def close(self) -> None:
+        self.fleet.close()

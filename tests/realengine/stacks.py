@@ -1,0 +1,82 @@
+"""The committed stacks, remapped onto a fleet of real nodes (tests/realengine/nodes.py).
+
+The stack file is loaded exactly as the Pulumi CLI hands it to the program, then only what one
+machine cannot hold changes: the nodes' addresses and NIC, SSH (root, the fleet's pinned host
+keys), the image (the test NPU image from the fleet's registry), sizes (decode DP 8 instead of 32,
+64 MiB of openYuanrong shared memory, 1 GiB of huge pages), timeouts, and what would reach the
+internet (the openYuanrong wheel and the proxy script are in the image). Topology, roles, ports,
+etcd and proxy placement, flags and env stay the stack's: the plan's validation runs on the result.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quiet_worker import QUIET_WORKER_FLAGS
+from ascend_pd.loader import cli_config_map
+
+PROJECT = "ascend-pd"
+# The a2 decode group is DP32 over 4 nodes; 8 fake ranks (2 per node) keep the topology.
+SHRINK = {"a2-8node": {"decode": {"dp": 8}}, "a3-4node": {}}
+MODEL_DIR = "/data/model"  # the fake vLLM reads no weights
+
+
+def settings(stack: str) -> dict[str, Any]:
+    """The stack's settings as the program reads them (namespace stripped, objects decoded)."""
+    out = {}
+    for k, v in cli_config_map(stack).items():
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, **overrides) -> dict[str, Any]:
+    """The stack remapped onto `fleet` (node i of the stack on the fleet's node i), pulling `image`
+    (an ImageBuild pushed as `image.ref`). `overrides` replace top-level settings one level deep
+    (a dict merges into the setting, None removes it)."""
+    raw = settings(stack)
+    nodes = raw["nodes"]
+    if names:  # the stack's node names, renamed (formerNames and all) by a scenario
+        nodes = names
+    fleet_nodes = list(fleet.nodes.values())
+    raw["nodes"] = [{**n, "address": fleet_nodes[i].address, "nic": "eth0"} for i, n in enumerate(nodes)]
+    raw["ssh"] = {
+        "user": "root",
+        "port": 22,
+        "hostKeys": {n["name"]: fleet_nodes[i].host_key for i, n in enumerate(raw["nodes"])},
+        # A node that is down fails a command in seconds, not the 10 minutes a rebooting server needs.
+        "dialErrorLimit": 3,
+        "perDialTimeoutS": 5,
+    }
+    c = raw["container"]
+    c.update(image=image.ref, shmSize="1g", pullTimeoutS=600, env={})
+    # The stacks' pip and patch steps reach PyPI and the image's vLLM sources; one offline pip step
+    # keeps a preparation step beyond the worker's install in the chain.
+    c["prepare"] = [{"pip": ["--no-index", "--no-deps", image.wheel]}] if c.get("prepare") else []
+    for role in ("prefill", "decode"):
+        raw[role].pop("image", None)
+    raw["model"] = {**raw["model"], "path": MODEL_DIR}
+    raw["vllm"] = {**raw.get("vllm", {}), "readyTimeoutS": 60, "stopTimeoutS": 5}
+    y = raw["yuanrong"]
+    y.update(package=image.wheel, sharedMemoryMb=64, hugeTlb=False, startTimeoutS=120, stopTimeoutS=10,
+             nodeTimeoutS=5, nodeDeadTimeoutS=10, flags={**QUIET_WORKER_FLAGS, **y.get("flags", {})})
+    y.pop("interleave", None)  # numactl --interleave over NUMA nodes this machine does not have
+    if "hugepages" in raw:
+        raw["hugepages"] = {"gib": 1}  # the node's own vm.nr_hugepages (node_init.sh)
+    raw["etcd"] = {**raw["etcd"], "startTimeoutS": 30}
+    raw["proxy"] = {**raw["proxy"], "script": image.proxy_for(stack), "python": "python3",
+                    "readyTimeoutS": 120, "smokeTimeoutS": 60}
+    # The fake nodes have no RoCE fabric or CANN: the gate is tested against fake Ascend nodes
+    # behind sshd (tests/test_preflight_doctor.py).
+    raw["preflight"] = {"mode": "off"}
+    for key, value in {**SHRINK[stack], **overrides}.items():
+        if value is None:
+            raw.pop(key, None)
+        elif isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return raw

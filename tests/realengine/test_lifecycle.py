@@ -1,0 +1,188 @@
+"""The real lifecycle of both stacks: `pulumi preview`, `up`, `refresh`, `destroy` by the real CLI
+and providers against real nodes (sshd, dockerd), and the faults an operator meets by hand.
+
+Each stack's steps run in order on one deployment, each from where the previous left it, as an
+operator's day goes; a step that leaves debris fails the next. Sizes are shrunk as the integration
+suite does (tests/realengine/stacks.py); the topology, ports, flags and placements are the stack's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import cluster as rc
+from engine import resource_key
+
+pytestmark = pytest.mark.integration
+
+COMMAND = "command:remote:Command"
+CONTAINER = "docker:index/container:Container"
+NODE_TYPES = (COMMAND, CONTAINER, "docker:index/remoteImage:RemoteImage")  # what acts on a node
+FIGURES: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="module", params=["a2-8node", "a3-4node"])
+def dep(request, realdir):
+    rc.require_real_engine()
+    c = rc.RealCluster(request.param, realdir / request.param)
+    FIGURES[request.param] = {"fleet_start_s": round(c.fleet.start_seconds, 1),
+                              "image_push_s": round(c.push_seconds, 1)}
+    yield c
+    try:
+        if c.project.export().get("resources"):
+            c.project.destroy()
+    finally:
+        c.close()
+        print(f"\nreal-engine figures {request.param}: {json.dumps(FIGURES[request.param])}")
+
+
+def secret_lines(c: rc.RealCluster) -> list[str]:
+    """Lines of the SSH private key that must never be printed (its body, not the armour)."""
+    return [line for line in c.private_key.splitlines() if line and "PRIVATE KEY" not in line]
+
+
+def test_preview_before_the_first_deploy(dep: rc.RealCluster):
+    run = dep.project.preview()
+    assert run.ok, run.error
+    assert {s.op for s in run.steps} == {"create"}
+    # The engine's resources are exactly the ones the program registers under the mocks (what diff
+    # and the engine model work from), plus the stack and the default command provider.
+    engine = {resource_key(s.urn) for s in run.steps if s.type != "pulumi:pulumi:Stack"
+              and not s.name.startswith("default_")}
+    assert engine == {resource_key(r.urn) for r in dep.model_graph().regs}
+    assert run.summary == {"create": len(engine) + 1}  # + the stack
+    for line in secret_lines(dep):
+        assert line not in run.stdout
+    FIGURES[dep.stack]["preview_s"] = round(run.seconds, 1)
+    FIGURES[dep.stack]["resources"] = len(run.steps)
+
+
+def test_first_up_serves(dep: rc.RealCluster):
+    run = dep.project.up()
+    assert run.ok, (run.error or "")[-6000:]
+    assert not [s for s in run.steps if s.failed]
+    report = dep.wait_serving()
+    assert report
+    FIGURES[dep.stack]["first_up_s"] = round(run.seconds, 1)
+    # What the scripts, pulls and containers took, summed: against the wall time, the engine's own
+    # cost and what its parallelism saves (components and the stack only wrap their children).
+    FIGURES[dep.stack]["first_up_step_sum_s"] = round(sum(s.seconds for s in run.acting(NODE_TYPES)), 1)
+    FIGURES[dep.stack]["first_up_slowest"] = [(s.name, round(s.seconds, 1)) for s in
+                                              sorted(run.acting(NODE_TYPES), key=lambda s: -s.seconds)[:3]]
+    FIGURES[dep.stack]["first_up_summary"] = run.stdout[run.stdout.rfind("Resources:"):].strip()
+    for line in secret_lines(dep):
+        assert line not in run.stdout
+
+
+def test_no_change_after_up(dep: rc.RealCluster):
+    run = dep.project.preview(expect_no_changes=True)
+    assert run.ok, run.stdout[-6000:]
+    t0 = time.monotonic()
+    again = dep.project.up()
+    assert again.ok and again.acting() == [], again.ops()
+    FIGURES[dep.stack]["no_change_up_s"] = round(time.monotonic() - t0, 1)
+
+
+def test_refresh_reads_back_no_change(dep: rc.RealCluster):
+    run = dep.project.refresh()
+    assert run.ok, run.error
+    FIGURES[dep.stack]["refresh_s"] = round(run.seconds, 1)
+    after = dep.project.preview(expect_no_changes=True)
+    assert after.ok, after.stdout[-6000:]
+
+
+def test_a_failed_launch_then_the_fixed_stack_converges(dep: rc.RealCluster):
+    """A flag this vLLM refuses: the decode launches fail and `up` says so. The engine keeps a failed
+    update's OLD inputs in the state (pulumi-command's update returns a plain error), so the stack
+    reverted to what it was is no change to the engine and the dead decode ranks stay dead: `converge`
+    bumped re-runs every service script, and the idempotent scripts restart only what is dead."""
+    flags = dep.settings()["decode"].get("flags", {})
+    dep.configure(decode={"flags": {**flags, "no-such-flag": True}},
+                  vllm={"allowUnknownFlags": ["no-such-flag"]})
+    bad = dep.project.up()
+    assert not bad.ok
+    failed = {s.name for s in bad.steps if s.failed}
+    decode_launches = {f"{n}-launch" for n in dep.settings()["decode"]["nodes"]}
+    assert failed and failed <= decode_launches, failed
+    assert "no-such-flag" in bad.error
+    dep.configure()
+    reverted = dep.project.up()
+    assert reverted.ok, (reverted.error or "")[-6000:]
+    assert not {n for op, n in reverted.ops() if n in decode_launches}, reverted.ops()  # no change to the engine
+    rc_, report = dep.status()
+    assert rc_ == 1 and any(r["role"] == "decode" and not r["ok"] for r in report["ranks"])
+    dep.overrides["converge"] = 1
+    dep.configure()
+    converge = dep.project.up()
+    assert converge.ok, (converge.error or "")[-6000:]
+    dep.wait_serving()
+    assert dep.project.preview(expect_no_changes=True).ok
+
+
+def test_a_container_stopped_by_hand(dep: rc.RealCluster):
+    """`docker stop` on a decode node: refresh keeps the container, `up` starts it again (same
+    container), and `ascend-pd heal` restarts the services that died with it."""
+    node = dep.fleet.nodes["d1"]
+    name = dep.settings()["container"]["name"]
+    before = node.docker("inspect", "--format", "{{.Id}}", name).stdout.strip()
+    node.docker("stop", "-t", "1", name)
+    assert dep.status()[0] == 1
+    assert dep.project.refresh().ok
+    up = dep.project.up()
+    assert up.ok, (up.error or "")[-6000:]
+    assert [(op, n) for op, n in up.ops() if op != "same"] == [("update", "d1-container")], up.ops()
+    assert node.docker("inspect", "--format", "{{.Id}} {{.State.Running}}", name).stdout.split() == [before, "true"]
+    healed = dep.heal()
+    assert healed.returncode == 0, healed.stdout[-4000:] + healed.stderr[-2000:]
+    dep.wait_serving()
+    assert dep.project.preview(expect_no_changes=True).ok
+
+
+def test_a_readdressed_node_converges(dep: rc.RealCluster):
+    """The last decode node gets a new address (the same machine): its container and everything in
+    it are replaced, the peers that name it follow, and the cluster serves on the new address."""
+    last = list(dep.fleet.nodes)[-1]
+    node = dep.fleet.nodes[last]
+    new = dep.fleet.prefix + "99"
+    dep.fleet.add_address(last, new)
+    nodes_ = [dict(n) for n in dep.settings()["nodes"]]
+    for n in nodes_:
+        if n["name"] == last:
+            n["address"] = new
+    dep.overrides["nodes"] = nodes_
+    dep.configure()
+    up = dep.project.up()
+    assert up.ok, (up.error or "")[-6000:]
+    assert ("replace", f"{last}-container") in up.ops(), up.ops()
+    report = dep.wait_serving()
+    assert new in json.dumps(report)
+    assert dep.project.preview(expect_no_changes=True).ok
+    assert node.docker("ps", "-q").stdout.split()  # the node's one container is the new one
+
+
+def test_a_container_removed_by_hand_does_not_block_destroy(dep: rc.RealCluster):
+    node = dep.fleet.nodes["p1"]
+    node.docker("rm", "-f", dep.settings()["container"]["name"])
+    run = dep.project.destroy()
+    assert run.ok, (run.error or "")[-6000:]
+    for name in dep.fleet.nodes:
+        left = dep.leftovers(name)
+        assert left == {"containers": [], "processes": [], "ports": [], "files": [], "hugepages": "0"}, (name, left)
+
+
+def test_up_after_destroy_serves_again(dep: rc.RealCluster):
+    run = dep.project.up()
+    assert run.ok, (run.error or "")[-6000:]
+    dep.wait_serving()
+
+
+def test_destroy_leaves_nothing(dep: rc.RealCluster):
+    run = dep.project.destroy()
+    assert run.ok, run.error
+    FIGURES[dep.stack]["destroy_s"] = round(run.seconds, 1)
+    for name in dep.fleet.nodes:
+        left = dep.leftovers(name)
+        assert left == {"containers": [], "processes": [], "ports": [], "files": [], "hugepages": "0"}, (name, left)
