@@ -220,6 +220,9 @@ def test_pulumi_sdks_are_pinned_to_the_verified_plugins():
                 if ln.startswith("pulumi") and "==" in ln)
     assert set(reqs) == {"pulumi", "pulumi-command", "pulumi-docker"}
     assert reqs == {name: version(name) for name in reqs}
+    # The PR workflow's preview runs the CLI of the same version.
+    workflow = (ROOT / ".github" / "workflows" / "pr.yml").read_text()
+    assert re.findall(r'pulumi-version: "([^"]+)"', workflow) == [reqs["pulumi"]]
 
 
 def test_status_verbose_lists_every_component(tmp_path):

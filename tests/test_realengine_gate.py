@@ -38,3 +38,14 @@ def test_a_cli_of_another_version_is_not_taken(monkeypatch, tmp_path):
     monkeypatch.setattr(engine, "find_cli", lambda: fake)
     why = engine.missing()
     assert why and "v3.100.0" in why and engine.sdk_versions()["cli"] in why
+
+
+def test_the_node_init_script_passes_shellcheck():
+    import shutil
+    import subprocess
+
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (setup.sh installs it)")
+    script = Path(__file__).resolve().parent / "realengine" / "node_init.sh"
+    proc = subprocess.run(["shellcheck", "--severity=style", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
