@@ -1,5 +1,5 @@
 """The real Pulumi engine, driven as an operator drives it: the `pulumi` CLI built from
-../shared/toolchain (setup.sh puts it in venv/bin) or installed the usual way, the command and
+the toolchain sources beside the repository (setup.sh builds it and puts it in venv/bin) or installed the usual way, the command and
 docker provider plugins of the pinned SDKs, a local `file://` state backend and a passphrase.
 
 `Project` is a Pulumi project directory of its own (Pulumi.yaml naming this checkout's venv, the
@@ -31,7 +31,7 @@ PASSPHRASE = "ascend-pd-test"  # the throw-away state's passphrase: the test's s
 # The plugins the pinned SDKs ask the engine for (requirements.txt pins them; test_pins.py keeps
 # these equal to what build.sh installs).
 PLUGINS = {"command": "pulumi_command", "docker": "pulumi_docker"}
-HOW_TO_GET = ("no pulumi CLI with the pinned plugins: run setup.sh (it builds them from ../shared/toolchain, or "
+HOW_TO_GET = ("no pulumi CLI with the pinned plugins: run setup.sh (it builds them from the toolchain sources beside the checkout, or "
               "set ASCEND_PD_TOOLCHAIN_SRC), or install pulumi {cli} and `pulumi plugin install resource "
               "command {command}` / `docker {docker}`")
 
