@@ -152,8 +152,9 @@ class Project:
             (wrap / "ssh").chmod(0o755)
             self.env["PATH"] = os.pathsep.join([str(wrap), str(find_cli().parent), os.environ.get("PATH", "")])
         cli = find_cli()
-        cmd = auto.PulumiCommand(root=str(cli.resolve().parent.parent), skip_version_check=True) \
-            if (cli.resolve().parent / "pulumi") == cli.resolve() else auto.PulumiCommand(skip_version_check=True)
+        # PulumiCommand runs ROOT/bin/pulumi: the resolved binary's prefix (the toolchain cache, or
+        # wherever an operator's pulumi lives), so the CLI missing() checked is the one that runs.
+        cmd = auto.PulumiCommand(root=str(cli.resolve().parent.parent), skip_version_check=True)
         self.stack = auto.create_or_select_stack(
             stack_name=stack, work_dir=str(workdir),
             opts=auto.LocalWorkspaceOptions(work_dir=str(workdir), pulumi_command=cmd, env_vars=self.env))
