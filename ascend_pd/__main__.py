@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     base.add_argument("--base-file", type=Path, metavar="OLD.yaml", help="an old copy of the stack file")
     c.add_argument("--format", choices=("text", "markdown", "json"), default="text",
                    help="text (default), markdown (a PR comment) or json")
+    c.add_argument("--preview-json", type=Path, metavar="FILE",
+                   help="the output of `pulumi preview --json --stack STACK` against the stack's real state: the "
+                        "steps are the engine's own (default: the engine model's, from the base)")
     c.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     h = sub.add_parser(
         "heal",
@@ -305,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
         return diff_run(files.name, project_dir=files.stack_file.parent, base=args.base, base_file=args.base_file,
-                        fmt=args.format)
+                        fmt=args.format, preview_json=args.preview_json)
     try:
         plan = open_stack(args.stack, args.project_dir, stack_file=args.stack_file).build_plan()
     except ConfigError as exc:

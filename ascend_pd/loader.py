@@ -390,10 +390,17 @@ def cli_config_map(stack: Optional[str] = None, project_dir: Optional[Path] = No
     project defaults overlaid by the stack file, every value serialised as the CLI does (strings
     as-is, everything else as JSON). Secure (encrypted) values are left out: only `pulumi` can
     decrypt them."""
-    values, _, problems = _read_stack(find_stack(stack, project_dir, stack_file=stack_file))
+    return located_config_map(stack, project_dir, stack_file=stack_file)[0]
+
+
+def located_config_map(stack: Optional[str] = None, project_dir: Optional[Path] = None, *,
+                       stack_file: Optional[Path] = None) -> tuple[dict[str, str], Source]:
+    """`cli_config_map` and where each setting was written: problems found later in the values
+    (load_config, the plan) name the file and line with it, as `render` does."""
+    values, source, problems = _read_stack(find_stack(stack, project_dir, stack_file=stack_file))
     if problems:
         raise ConfigError(problems)
-    return _serialised(values)
+    return _serialised(values), source
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,4 +528,4 @@ def load_stack(stack: Optional[str] = None, project_dir: Optional[Path] = None, 
 
 
 __all__ = ["PROJECT_DIR", "Stack", "StackFiles", "cli_config_map", "find_stack", "load_config", "load_stack",
-           "open_stack", "setting"]
+           "located_config_map", "open_stack", "setting"]

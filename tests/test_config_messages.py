@@ -15,6 +15,8 @@ import pytest
 
 from test_bad_input import CASES as BAD_INPUT_CASES
 
+from ascend_pd.change import compare
+from ascend_pd.change.sources import working_tree
 from ascend_pd.config import PROJECT
 from ascend_pd.errors import ConfigError, Problem, Source
 from ascend_pd.loader import PROJECT_DIR, cli_config_map, find_stack, load_config, load_stack, open_stack
@@ -108,6 +110,23 @@ def test_every_bad_input_case_names_the_file(case, tmp_path):
     with pytest.raises(ConfigError) as err:
         open_stack(STACK, d).build_plan()
     assert all(str(p).startswith(STACK_FILE) for p in err.value.problems), str(err.value)
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_CASES)
+def test_diff_names_the_file_and_line_as_render_does(case, tmp_path):
+    """`diff` of each bad stack file against the committed one: the same problems, each with the same
+    file and line, as `render` (open_stack) prints."""
+    content = BAD_INPUT_CASES[case][0](ORIGINAL)
+    d = tmp_path / "project"
+    d.mkdir()
+    shutil.copy(PROJECT_DIR / "Pulumi.yaml", d / "Pulumi.yaml")
+    path = d / STACK_FILE
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        open_stack(STACK, d).build_plan()
+    change = compare(STACK, working_tree(STACK, PROJECT_DIR), working_tree(STACK, d))
+    assert change.problems is not None
+    assert [str(p) for p in change.problems.problems] == [str(p) for p in err.value.problems]
 
 
 def test_the_clis_flat_map_names_no_file():

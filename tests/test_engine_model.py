@@ -68,6 +68,22 @@ def test_a_tuning_flag_updates_the_launches_of_its_role_only(base):
     assert all(s.why == ("create",) for s in steps if s.op == UPDATE)
 
 
+def test_a_prefill_image_that_replaces_the_etcd_nodes_container_reruns_every_worker(base):
+    """etcd runs in p0's container, p0 is a prefill node: a new prefill image replaces etcd (empty
+    again) with it. The decode nodes' workers, running on, are updated after the new etcd (their
+    create follows etcd's id), so each finds itself unregistered and restarts into it: measured on
+    the real engine, before they followed etcd they stayed unregistered."""
+    raw = edited("a2-8node", "prefill", lambda d: d.update(image="quay.io/ascend/vllm-ascend:v0.20.3"))
+    steps = plan_up(base["a2-8node"].regs, graph("a2-8node", raw))
+    ops = acting(steps)
+    assert (REPLACE, "p0-etcd") in ops
+    at = {(s.op, s.name): i for i, s in enumerate(steps)}
+    for d in ("d0", "d1", "d2", "d3"):
+        assert (UPDATE, f"{d}-worker") in ops
+        assert at[(REPLACE, "p0-etcd")] in steps[at[(UPDATE, f"{d}-worker")]].after
+        assert not [op for op, n in ops if n == f"{d}-launch"]  # decode serves on
+
+
 def test_an_identity_setting_replaces_old_delete_first(base):
     raw = edited("a3-4node", "stateDir", lambda _: "/workspace/apd-2")
     steps = plan_up(base["a3-4node"].regs, graph("a3-4node", raw))

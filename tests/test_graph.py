@@ -350,7 +350,13 @@ def test_scripts_pass_through_unchanged(stack):
             assert reg.inputs["create"] == shell.on_host(script.create)
             assert reg.inputs["delete"] == shell.on_host(script.delete)
         else:
-            assert reg.inputs["create"] == shell.in_container(name, script.create)
+            create = reg.inputs["create"]
+            if res_name.endswith("-worker"):  # it follows etcd: a first comment line with etcd's id
+                etcd = run.named(f"{plan.etcd.node}-etcd")
+                follows, create = create.split("\n", 1)
+                assert follows == f"# follows {etcd.id}"
+                assert etcd.urn in reg.property_dependencies["create"]
+            assert create == shell.in_container(name, script.create)
             assert reg.inputs["delete"] == shell.in_container(name, script.delete, delete=True)
 
 

@@ -156,6 +156,22 @@ def test_preview_runs_only_with_its_secrets():
     assert preview["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.preview-setup.outputs.stacks) }}"
 
 
+def test_with_the_state_the_change_report_takes_the_engines_steps():
+    """The preview job, which has the state, runs `pulumi preview --json` and `diff --preview-json` on it
+    after the preview action (which installed the pinned CLI), with the base commit checked out."""
+    steps = load(ROOT / ".github/workflows/pr.yml")["jobs"]["preview"]["steps"]
+    names = [s.get("name", s.get("uses", "")) for s in steps]
+    report = next(s for s in steps if "--preview-json" in s.get("run", ""))
+    action = next(i for i, s in enumerate(steps) if s.get("uses", "").startswith("pulumi/actions@"))
+    assert steps.index(report) > action, names
+    assert 'pulumi preview --json --non-interactive --stack "$STACK_NAME"' in report["run"]
+    assert '--base "$BASE_SHA"' in report["run"] and steps[0]["with"]["fetch-depth"] == 0
+    assert report["env"]["STACK_NAME"] == next(s for s in steps if s.get("uses", "").startswith(
+        "pulumi/actions@"))["with"]["stack-name"]
+    # A run of PR code with secrets: nothing from the event reaches the script but through env.
+    assert "${{" not in report["run"]
+
+
 def test_the_change_report_covers_every_stack_file():
     jobs = load(ROOT / ".github/workflows/pr.yml")["jobs"]
     run = " ".join(s.get("run", "") for s in jobs["diff"]["steps"])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional, TextIO
 
 from .compare import Change, compare
+from ..engine.preview import PreviewError, read as read_preview
 from .. import term
 from .report import as_json, markdown, text, text_blocks
 from .sources import Side, SourceError, at_ref, from_file, working_tree
@@ -25,18 +26,22 @@ def exit_code(change: Change) -> int:
 
 def run(stack: str, *, project_dir: Path, base: Optional[str] = None, base_file: Optional[Path] = None,
         fmt: str = "text", out: Optional[TextIO] = None, err: Optional[TextIO] = None,
-        progress: Callable[[str], None] = lambda _: None) -> int:
+        progress: Callable[[str], None] = lambda _: None, preview_json: Optional[Path] = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
+    engine = None
     try:
+        if preview_json is not None:
+            engine = read_preview(preview_json, stack=stack)
         if base_file is not None:
             old = from_file(stack, base_file, project_dir)
         else:
             old = at_ref(stack, base or "HEAD", project_dir)
-    except SourceError as exc:
+    except (SourceError, PreviewError) as exc:
         print(f"ascend-pd diff: {exc}", file=err)
         return INVALID
     with term.phases(err) as say:
-        change = compare(stack, old, working_tree(stack, project_dir), progress=lambda what: (say(what), progress(what)))
+        change = compare(stack, old, working_tree(stack, project_dir), progress=lambda what: (say(what), progress(what)),
+                         engine=engine)
     if change.problems is not None and fmt == "text":
         print(text(change), file=err)  # what `render` and `status` do with an invalid stack
     elif fmt == "text":

@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional
 
 from ..engine.capture import COMMAND, Graph, capture, plain
 from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE, Step, plan_up
-from ..errors import ConfigError
+from ..engine.preview import EnginePreview, disagreements, model_verdicts, resource_key
+from ..errors import ConfigError, Source
 from ..loader import load_config
 from ..plan import Plan, build_plan
 from .effect import Effect, analyse, node_of, scripts_by_resource
@@ -57,6 +58,16 @@ class Change:
     effect: Optional[Effect] = None
     resources: int = 0  # in the new graph
     parallel: int = 0  # the `pulumi up --parallel` the new plan asks for (the timing uses it)
+    engine: Optional[EnginePreview] = None  # the real `pulumi preview --json` the steps came from
+    engine_notes: list[str] = field(default_factory=list)  # where the model alone would have said otherwise
+
+    @property
+    def source(self) -> str:
+        """Which steps the report shows: the engine's own, or the model's."""
+        if self.engine is not None:
+            return (f"the engine's (`pulumi preview --json`: {self.engine.label}); their order and times: "
+                    "the engine model's")
+        return "the engine model's (no `--preview-json`: ascend_pd/engine/, held to the real engine in CI)"
 
     @property
     def changed(self) -> bool:
@@ -74,8 +85,12 @@ def graph_of(stack: str, config: dict[str, str], secrets: Optional[dict[str, str
     return _GRAPHS[key]
 
 
-def plan_of(stack: str, config: dict[str, str]) -> Plan:
-    return build_plan(load_config({k.split(":", 1)[1]: v for k, v in config.items()}), stack)
+def plan_of(stack: str, config: dict[str, str], source: Optional[Source] = None) -> Plan:
+    """The plan of `config`; with its `source`, every problem names its file and line, as `render`'s do."""
+    try:
+        return build_plan(load_config({k.split(":", 1)[1]: v for k, v in config.items()}, source), stack)
+    except ConfigError as exc:
+        raise (source.locate(exc) if source is not None else exc) from None
 
 
 def _short(value: Any) -> str:
@@ -124,14 +139,36 @@ def _secret_notes(base: Side, new: Side) -> list[str]:
     return out
 
 
-def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] = lambda _: None) -> Change:
-    change = Change(stack, base, new)
+def _engine_steps(engine: EnginePreview, old_graph: Optional[Graph], new_graph: Graph,
+                  change: Change) -> list[Step]:
+    """plan_up with the engine's verdicts; what the engine sees that the base and the working tree do
+    not explain (its state is not the base's deploy) goes into the notes."""
+    model = plan_up(old_graph.regs if old_graph else [], new_graph)
+    steps = plan_up(old_graph.regs if old_graph else [], new_graph, engine.verdicts(),
+                    {s.key: s.reasons for s in engine.steps})
+    known = {resource_key(r.urn) for g in (old_graph, new_graph) if g is not None for r in g.regs}
+    unknown = sorted(s.key.rsplit("::", 1)[-1] for s in engine.steps if s.key not in known and s.op != "same")
+    if unknown:
+        change.engine_notes.append(
+            f"the engine also changes {', '.join(unknown)}, which neither the base nor the working tree registers: "
+            "the stack's state is not the base's deploy (an up of another commit, or a failed run); they are not "
+            "in the steps below")
+    differ = disagreements(model_verdicts(model), {k: v for k, v in engine.verdicts().items() if k in known})
+    if differ:
+        change.engine_notes.append("the engine model alone would have said otherwise for: " + "; ".join(differ))
+    return steps
+
+
+def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] = lambda _: None,
+            engine: Optional[EnginePreview] = None) -> Change:
+    """`engine`: a real `pulumi preview --json` of the new side; its verdicts replace the model's."""
+    change = Change(stack, base, new, engine=engine)
     if new.problem is not None:
         change.problems = new.problem
         return change
     try:
         progress("validating the working tree's config")
-        new_plan = plan_of(stack, new.config or {})
+        new_plan = plan_of(stack, new.config or {}, new.source)
     except ConfigError as exc:
         change.problems = exc
         return change
@@ -151,8 +188,12 @@ def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] =
     new_graph = graph_of(stack, new.config or {}, new.secrets)
     change.resources = len(new_graph.regs)
     change.parallel = new_plan.up_parallelism
-    progress("planning `pulumi up` with the engine model")
-    steps = plan_up(old_graph.regs if old_graph else [], new_graph)
+    if engine is not None:
+        progress(f"taking the steps from the engine's preview ({engine.label})")
+        steps = _engine_steps(engine, old_graph, new_graph, change)
+    else:
+        progress("planning `pulumi up` with the engine model")
+        steps = plan_up(old_graph.regs if old_graph else [], new_graph)
     effect = analyse(steps, old_plan, new_plan, old_graph, new_graph)
     change.effect = effect
     if old_graph is not None:

@@ -18,8 +18,8 @@ from .effect import AT_END, REPLACED, RESTART, ROLLING, START, STOP, Process
 MARKDOWN_BUDGET = 60_000
 FULL_REPORT = ("the full report: the PR run's artifact `ascend-pd-diff` (full-report.md), or "
                "`python -m ascend_pd diff --stack {stack} --base <base>` locally")
-MODEL_NOTE = ("engine model (ascend_pd/engine/), not yet compared with a real `pulumi up`: steps, order and "
-              "times are its estimates")
+MODEL_NOTE = ("engine model (ascend_pd/engine/), held in CI to the steps of the real engine on every change "
+              "scenario (tests/realengine, tests/engine_steps): order and times are its estimates")
 
 CODE_NOTE = "program code: the working tree's on both sides (only the stack file differs)"
 OPS = {CREATE: "create", UPDATE: "update", REPLACE: "replace", DELETE_REPLACED: "delete (replaced)",
@@ -243,7 +243,8 @@ def text_blocks(change: Change) -> list[Block]:
         return [problems_text(change)]
     if not change.changed:
         return [headline(change)]
-    out: list[Block] = [verdict(change), "", headline(change), ""]
+    out: list[Block] = [verdict(change), "", headline(change), f"steps: {change.source}", ""]
+    out += [f"engine: {n}" for n in change.engine_notes] + ([""] if change.engine_notes else [])
     if change.base_problem is not None:
         out += [f"the base is invalid, compared as not deployed: {change.base_problem}", ""]
     if change.base.config is None:
@@ -331,7 +332,8 @@ def markdown(change: Change, budget: int = MARKDOWN_BUDGET) -> str:
         return f"`{change.stack}`: **invalid configuration** ({len(change.problems.problems)} problem(s)):\n\n{items}"
     if not change.changed:
         return headline(change)
-    head = [f"**{verdict(change)}**", "", headline(change), ""]
+    head = [f"**{verdict(change)}**", "", headline(change), "", f"Steps: {change.source}.", ""]
+    head += [f"- engine: {n}" for n in change.engine_notes] + ([""] if change.engine_notes else [])
     if change.base_problem is not None:
         head += [f"The base is invalid and is compared as not deployed: `{change.base_problem.problems[0]}`", ""]
     if change.base.config is None:
@@ -379,6 +381,9 @@ def as_json(change: Change) -> str:
                            for p in change.problems.problems]
         return json.dumps(doc, indent=2, allow_nan=False)
     doc["changed"] = change.changed
+    doc["source"] = {"steps": "engine" if change.engine is not None else "model",
+                     "preview": change.engine.label if change.engine is not None else None,
+                     "text": change.source, "engineNotes": change.engine_notes}
     doc["resources"] = change.resources
     if change.base_problem is not None:
         doc["baseProblems"] = [str(p) for p in change.base_problem.problems]

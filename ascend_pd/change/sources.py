@@ -20,8 +20,8 @@ from typing import Optional
 import yaml
 
 from ..config import PROJECT, SECRET_KEYS
-from ..errors import ConfigError, Problem
-from ..loader import cli_config_map
+from ..errors import ConfigError, Problem, Source
+from ..loader import located_config_map
 
 GIT_TIMEOUT_S = 60
 # What renders the scripts and the graph (a change elsewhere, tests or docs, deploys nothing).
@@ -43,6 +43,8 @@ class Side:
     # `ascend-pd:<secret key>` -> a stand-in for its encrypted value (`secure:` in the stack file;
     # `diff` cannot decrypt it): the same ciphertext gives the same stand-in.
     secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Where each setting was written (the working tree's file): its problems name the file and line.
+    source: Optional[Source] = None
 
 
 def _git(project_dir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -76,7 +78,8 @@ def _secrets(stack: str, directory: Path) -> dict[str, str]:
 
 def _read(stack: str, directory: Path, label: str) -> Side:
     try:
-        return Side(label, _prefixed(cli_config_map(stack, directory)), secrets=_secrets(stack, directory))
+        config, source = located_config_map(stack, directory)
+        return Side(label, _prefixed(config), secrets=_secrets(stack, directory), source=source)
     except ConfigError as exc:
         return Side(label, {}, exc)
 

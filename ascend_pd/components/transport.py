@@ -85,6 +85,12 @@ def host_command(
     )
 
 
+def _following(follows: Sequence[pulumi.Input[str]], create: str) -> pulumi.Input[str]:
+    if not follows:
+        return create
+    return pulumi.Output.all(*follows).apply(lambda ids: f"# follows {' '.join(map(str, ids))}\n{create}")
+
+
 def container_command(
     name: str,
     *,
@@ -93,9 +99,14 @@ def container_command(
     parent: pulumi.Resource,
     depends_on: Sequence[pulumi.Resource] = (),
     triggers: Sequence[pulumi.Input] = (),
+    follows: Sequence[pulumi.Input[str]] = (),
     aliases: Sequence[str] = (),
 ) -> remote.Command:
     """A script that runs inside the node's NPU container (`docker exec -i <name> bash -s`).
+
+    follows: ids of resources on other nodes whose replacement must run this create again (an
+    update, not a replacement: the idempotent script decides what to restart). They go into a
+    comment line of the create, an input built from their outputs.
 
     triggers: the container id (a new container starts empty, so everything that ran in the old one
     runs again), the node address and the script's identity (see the module docstring), and extra
@@ -114,7 +125,7 @@ def container_command(
     return remote.Command(
         name,
         connection=target.connection,
-        create=in_container(target.name, script.create),
+        create=_following(follows, in_container(target.name, script.create)),
         delete=in_container(target.name, script.delete, delete=True, host_first=script.delete_on_host_first),
         triggers=[target.id, target.address, *script.identity, *triggers],
         add_previous_output_in_env=False,

@@ -25,7 +25,7 @@ class YuanrongWorker(pulumi.ComponentResource):
       while starting (its own etcd thread can SIGKILL it as it rejoins the pool right after a restart)
       is started again, up to `yuanrong.startAttempts`; any other start failure fails at once with
       dscli's output and the worker log's warnings and errors; a running worker not registered in the
-      etcd its script names restarts into it. Destroy: `dscli stop` bounded by `yuanrong.stopTimeoutS`,
+      etcd its script names restarts into it (the create runs again whenever etcd is replaced). Destroy: `dscli stop` bounded by `yuanrong.stopTimeoutS`,
       then kill; removes its data dir and `~/.datasystem`
     """
 
@@ -51,8 +51,13 @@ class YuanrongWorker(pulumi.ComponentResource):
         after: list[pulumi.Resource] = [npu.steps.get("install-yuanrong", npu.ready), etcd.command]
         if hugepages is not None:
             after.append(hugepages.command)
+        # A replaced etcd starts empty (its delete removes the data dir): every worker's registration
+        # is gone, and a worker left running never registers again. Following etcd's id, each worker's
+        # create runs again after a replacement, finds itself unregistered and restarts into the new
+        # etcd (measured: a prefill image change that replaced the etcd node's container left every
+        # decode worker unregistered before this).
         self.command = container_command(
             f"{worker.node}-worker", target=npu.target, script=script, parent=self, depends_on=after,
-            aliases=node.names_of("worker"),
+            follows=[etcd.command.id], aliases=node.names_of("worker"),
         )
         self.register_outputs({"node": worker.node, "address": worker.address, "stdout": self.command.stdout})

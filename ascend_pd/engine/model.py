@@ -217,8 +217,19 @@ def _dependents(regs: Sequence[Reg]) -> dict[str, set[str]]:
     return out
 
 
-def plan_up(state: Sequence[Reg], goal: Graph) -> list[Step]:
-    """The steps of `pulumi up` from `state` (the registrations recorded by the last run) to `goal`."""
+def _key(urn: str) -> str:
+    """preview.resource_key without the import (preview.py builds on this module)."""
+    _, _, chain, name = urn.split("::", 3)
+    return f"{chain.split('$', 1)[1] if chain.startswith('pulumi:pulumi:Stack$') else chain}::{name}"
+
+
+def plan_up(state: Sequence[Reg], goal: Graph, verdicts: Optional[Mapping[str, str]] = None,
+            reasons: Optional[Mapping[str, Sequence[str]]] = None) -> list[Step]:
+    """The steps of `pulumi up` from `state` (the registrations recorded by the last run) to `goal`.
+
+    `verdicts` (resource key -> `same`, `update`, `replace`, `create`, from a real `pulumi preview`,
+    see preview.py) replace the model's own diff of each resource: the engine decides what changes,
+    the model how the steps are ordered (dependencies, delete-before-replace, the final deletes)."""
     old_by_urn = {r.urn: r for r in state}
     old_order = _dependency_order(state)
     dependents = _dependents(state)
@@ -246,7 +257,11 @@ def plan_up(state: Sequence[Reg], goal: Graph) -> list[Step]:
         new = _with_ids(new, goal_ids, ids)
         ready_after = {step_of[d] for d in _waits_for(new) if d in step_of}
         if old is None:
-            step_of[new.urn] = add(Step(CREATE, new.urn, None, new, after=ready_after))
+            # A resource the engine's state has and the base does not: what the engine said, acting
+            # with the new inputs only (its recorded ones are not known here).
+            said = verdicts.get(_key(new.urn), CREATE) if verdicts is not None else CREATE
+            op = said if said in (SAME, UPDATE) else CREATE
+            step_of[new.urn] = add(Step(op, new.urn, None, new, after=ready_after))
             continue
         matched.add(old.urn)
         if old.urn in condemned:  # deleted by another resource's deleteBeforeReplace: created again
@@ -255,10 +270,23 @@ def plan_up(state: Sequence[Reg], goal: Graph) -> list[Step]:
                                         after=ready_after | {condemned[old.urn]}))
             continue
         changed = _changed(old, new, replaced)
-        if not changed:
+        if verdicts is not None:  # the engine's verdict; the model's diff only fills in the reasons
+            said = verdicts.get(_key(new.urn), SAME)
+            why = set((reasons or {}).get(_key(new.urn), ())) or changed or {"the engine's diff"}
+            if said == SAME:
+                step_of[new.urn] = add(Step(SAME, new.urn, old, new, after=ready_after))
+                continue
+            if said == UPDATE:
+                step_of[new.urn] = add(Step(UPDATE, new.urn, old, new, why=tuple(sorted(why)), after=ready_after))
+                continue
+            elif said == CREATE:  # the engine does not match it to the state's resource: a new one
+                matched.discard(old.urn)
+                step_of[new.urn] = add(Step(CREATE, new.urn, None, new, after=ready_after))
+                continue
+        elif not changed:
             step_of[new.urn] = add(Step(SAME, new.urn, old, new, after=ready_after))
             continue
-        forcing = _replacing(new, changed)
+        forcing = _replacing(new, changed) if verdicts is None else why
         if not forcing:
             step_of[new.urn] = add(Step(UPDATE, new.urn, old, new, why=tuple(sorted(changed)), after=ready_after))
             continue

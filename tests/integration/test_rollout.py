@@ -25,10 +25,7 @@ Each change prints requests sent, failed and the p99 latency (`pytest -s` shows 
 from __future__ import annotations
 
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -36,94 +33,22 @@ import requests
 
 import engine_harness as eh
 import run_harness as harness
+from load import RATE_PER_S, Load
 
 from ascend_pd.engine.model import CREATE, DELETE_REPLACED, REPLACE
 
 pytestmark = pytest.mark.integration
 
-RATE_PER_S = 20
 REQUEST_S = 0.1  # each fake prefill rank holds a request this long: there is always something to drain
 # A decode takes far longer than its prefill (it generates every token): the release proxy releases a
 # prefill instance's last requests only when their decode ends, after its ranks went idle.
 DECODE_S = 3.0
 RANK_ENV = {"prefill": {"FAKE_VLLM_REQUEST_DELAY": str(REQUEST_S)},
             "decode": {"FAKE_VLLM_REQUEST_DELAY": str(DECODE_S)}}
-REQUEST_TIMEOUT_S = 30  # a request that hangs shows as a latency far above the 1 s bound
 REFUSAL_S = 1.0  # a request refused while its role is out answers within this
 # To measure the script as shipped (proxy.keepRemovedOut false) for comparison: the tests then fail,
 # printing the figures in README "Changing a running cluster".
 AS_SHIPPED = os.environ.get("ASCEND_PD_TEST_PROXY_AS_SHIPPED") == "1"
-
-
-@dataclass
-class Outcome:
-    start: float
-    latency: float
-    status: int  # 0: no HTTP answer
-    ok: bool
-    detail: str = ""
-
-
-@dataclass
-class Load:
-    """Requests at a fixed rate, each in its own thread, until stopped."""
-
-    url: str
-    model: str
-    outcomes: list[Outcome] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=128)
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _one(self) -> None:
-        t0 = time.monotonic()
-        status, ok, detail = 0, False, ""
-        try:
-            r = requests.post(f"{self.url}/v1/completions", timeout=REQUEST_TIMEOUT_S,
-                              json={"model": self.model, "prompt": "hello there", "max_tokens": 4})
-            status = r.status_code
-            text = ""
-            if status == 200:
-                try:
-                    text = r.json()["choices"][0]["text"]
-                except (ValueError, KeyError, IndexError, TypeError):
-                    detail = f"200 with body {r.text[:80]!r}"
-            ok = status == 200 and bool(text)
-            if not ok and not detail:
-                detail = f"{status} {r.text[:80]!r}"
-        except requests.RequestException as exc:
-            detail = type(exc).__name__
-        with self._lock:
-            self.outcomes.append(Outcome(t0, time.monotonic() - t0, status, ok, detail))
-
-    def _run(self) -> None:
-        period, next_at = 1.0 / RATE_PER_S, time.monotonic()
-        while not self._stop.is_set():
-            self._pool.submit(self._one)
-            next_at += period
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
-
-    def __enter__(self) -> "Load":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._pool.shutdown(wait=True)
-
-    def report(self, what: str) -> str:
-        lat = sorted(o.latency for o in self.outcomes)
-        p99 = lat[max(0, int(len(lat) * 0.99) - 1)] if lat else 0.0
-        failed = [o for o in self.outcomes if not o.ok]
-        line = (f"{what}: {len(self.outcomes)} requests, {len(failed)} failed, p99 {p99 * 1000:.0f} ms, "
-                f"slowest failure {max((o.latency for o in failed), default=0) * 1000:.0f} ms, "
-                f"failed statuses {sorted({o.status for o in failed})}")
-        print("\n" + line)
-        return line
 
 
 def deployed(stack: str, tmp: Path):

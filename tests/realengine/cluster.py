@@ -61,10 +61,11 @@ class Image:
 class RealCluster:
     """`stack` on `len(stack's nodes)` real nodes, deployed and changed by the real engine."""
 
-    def __init__(self, stack: str, workdir: Path, **overrides: Any) -> None:
+    def __init__(self, stack: str, workdir: Path, *, spare: int = 0, **overrides: Any) -> None:
+        """`spare` nodes beyond the stack's (x0, x1, ...): machines a scenario adds to the stack."""
         self.stack = stack
         self.workdir = workdir
-        names = [n["name"] for n in stacks.settings(stack)["nodes"]]
+        names = [n["name"] for n in stacks.settings(stack)["nodes"]] + [f"x{i}" for i in range(spare)]
         self.fleet = nodes.Fleet(names, workdir / "fleet", npus=16 if stack.startswith("a3") else 8)
         try:
             self.image = self._publish_image()
@@ -88,6 +89,41 @@ class RealCluster:
         if not self.fleet.has_image(ref):
             self.push_seconds = self.fleet.push_image(build.tarball, build.changes, ref)
         return Image(ref=ref, wheel=build.wheel, proxies=build.proxies)
+
+    def rebuild(self, tag: str) -> str:
+        """The test image as a rebuild of it under `tag` in the fleet's registry: the same layers with
+        a label added to its configuration, so a new image ID, as a rebuilt image has (the same
+        manifest under another tag would resolve to the same ID, and docker would replace nothing).
+        Done with the Registry API v2: the new configuration blob, then the manifest naming it."""
+        import hashlib
+
+        import requests
+
+        repo, old_tag = self.image.ref.split("/", 1)[1].rsplit(":", 1)
+        base = f"http://{self.fleet.registry}/v2/{repo}"
+        kinds = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+        got = requests.get(f"{base}/manifests/{old_tag}", headers={"Accept": kinds}, timeout=30)
+        got.raise_for_status()
+        manifest = got.json()
+        config = requests.get(f"{base}/blobs/{manifest['config']['digest']}", timeout=60)
+        config.raise_for_status()
+        doc = config.json()
+        doc.setdefault("config", {}).setdefault("Labels", {})
+        doc["config"]["Labels"] = {**(doc["config"]["Labels"] or {}), "org.ascend-pd.test.rebuild": tag}
+        blob = json.dumps(doc).encode()
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        upload = requests.post(f"{base}/blobs/uploads/", timeout=30)
+        upload.raise_for_status()
+        location = upload.headers["Location"]
+        location = location if location.startswith("http") else f"http://{self.fleet.registry}{location}"
+        put = requests.put(location, params={"digest": digest}, data=blob, timeout=60,
+                           headers={"Content-Type": "application/octet-stream"})
+        put.raise_for_status()
+        manifest["config"] = {**manifest["config"], "digest": digest, "size": len(blob)}
+        put = requests.put(f"{base}/manifests/{tag}", data=json.dumps(manifest).encode(), timeout=30,
+                           headers={"Content-Type": got.headers["Content-Type"]})
+        put.raise_for_status()
+        return f"{self.fleet.registry}/{repo}:{tag}"
 
     # -- the stack -------------------------------------------------------------------------------
 

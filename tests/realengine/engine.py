@@ -12,6 +12,7 @@ process saw it start and end.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -230,6 +231,17 @@ class Project:
 
     def destroy(self, **kw) -> Run:
         return self._run("destroy", self.stack.destroy, parallel=self.parallel, show_secrets=False, **kw)
+
+    def preview_json(self) -> dict[str, Any]:
+        """`pulumi preview --json`, as a reviewer or the PR workflow runs it: the engine's planned steps
+        (op, URN, the properties that differ) as one JSON document, the input of `diff --preview-json`."""
+        cli = find_cli()
+        p = subprocess.run([str(cli), "preview", "--json", "--non-interactive", "--stack", self.stack_name,
+                            "--parallel", str(self.parallel)], cwd=str(self.dir), capture_output=True, text=True,
+                           env={**os.environ, **self.env}, timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"pulumi preview --json exited {p.returncode}: {p.stderr[-3000:]}{p.stdout[-3000:]}")
+        return json.loads(p.stdout)
 
     def outputs(self) -> dict[str, Any]:
         return {k: v.value for k, v in self.stack.outputs().items()}

@@ -72,11 +72,14 @@ def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, **over
     # The fake nodes have no RoCE fabric or CANN: the gate is tested against fake Ascend nodes
     # behind sshd (tests/test_preflight_doctor.py).
     raw["preflight"] = {"mode": "off"}
-    for key, value in {**SHRINK[stack], **overrides}.items():
-        if value is None:
-            raw.pop(key, None)
-        elif isinstance(value, dict) and isinstance(raw.get(key), dict):
-            raw[key] = {**raw[key], **value}
-        else:
-            raw[key] = value
+    # The shrink first, then the test's overrides on top of it (an override of `decode.flags` keeps
+    # the shrunk `decode.dp`).
+    for layer in (SHRINK[stack], overrides):
+        for key, value in layer.items():
+            if value is None:
+                raw.pop(key, None)
+            elif isinstance(value, dict) and isinstance(raw.get(key), dict):
+                raw[key] = {**raw[key], **value}
+            else:
+                raw[key] = value
     return raw

@@ -1,0 +1,325 @@
+"""Every kind of change to a running a2-8node deployment, made as an operator makes it, by the real
+engine: edit the stack, `pulumi preview --json`, `pulumi up --yes`, the cluster serves again
+(`ascend-pd status` exits 0: every rank, worker, etcd and the proxy healthy, a P/D request through
+the proxy answered), and `pulumi preview --expect-no-changes` is clean.
+
+And the engine model (ascend_pd/engine/, what `diff` reports without a state) is held to it: for
+every change, the engine's verdict per resource (the preview) equals the model's, the steps the real
+`up` took are the model's steps, and the real `up` started no step before a step the model makes it
+wait for had finished. The engine's steps are kept as test data in tests/engine_steps/ (regenerate:
+`bash tests/record_engine_steps` after a pin changes), which the fast
+tier (tests/test_engine_steps.py) checks the model against on any clone.
+
+The scenarios run in order on one deployment, each from where the previous one left it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import pytest
+
+import cluster as rc
+from load import RATE_PER_S, Load
+import engine as eng
+import engine_record as er
+
+from ascend_pd.engine import preview as pv
+from ascend_pd.change import compare
+from ascend_pd.change.compare import plan_of
+from ascend_pd.engine.model import Step, plan_up, simulate
+from ascend_pd.engine.timing import launch_gangs
+
+pytestmark = pytest.mark.integration
+
+STACK = "a2-8node"
+RECORD = os.environ.get("ASCEND_PD_RECORD_ENGINE_STEPS") == "1"
+FIGURES: dict[str, dict] = {}
+UNSET = object()  # in an edit: back to the stack file's own value (the override, or a key of it, removed)
+
+
+def merge(overrides: dict[str, Any], edit: dict[str, Any]) -> None:
+    """Apply a scenario's edit to the cluster's overrides: a dict merges into the override of the
+    same setting (keys set to UNSET dropped from it), UNSET drops the whole override."""
+    for k, v in edit.items():
+        if v is UNSET:
+            overrides.pop(k, None)
+        elif isinstance(v, dict):
+            merged = {**overrides.get(k, {}), **v}
+            merged = {kk: vv for kk, vv in merged.items() if vv is not UNSET}
+            if merged:
+                overrides[k] = merged
+            else:
+                overrides.pop(k, None)
+        else:
+            overrides[k] = v
+
+
+@pytest.fixture(scope="module")
+def dep(realdir):
+    rc.require_real_engine()
+    # Every instance of a role restarts at once (one wave instead of four): the scenarios check the
+    # engine's steps and convergence; the one rollout under load sets maxUnavailable 1 itself.
+    # openYuanrong's heartbeats at the seeds' ratio but with slack for this loaded 2-core machine: at
+    # 5/10 s (the lifecycle's) three untouched decode workers lost their registration while 20
+    # requests/s rolled the prefill image beside them, and stayed unregistered.
+    c = rc.RealCluster(STACK, realdir / "scenarios", spare=1, rollout={"maxUnavailable": 4},
+                       yuanrong={"nodeTimeoutS": 30, "nodeDeadTimeoutS": 60})
+    c.key_generation = 1
+    try:
+        first = c.project.up()
+        assert first.ok, (first.error or "")[-6000:]
+        c.wait_serving()
+        yield c
+    finally:
+        try:
+            if c.project.export().get("resources"):
+                c.project.destroy()
+        finally:
+            c.close()
+            print(f"\nreal-engine scenarios: {json.dumps(FIGURES)}")
+
+
+def engine_ops(run: eng.Run) -> list[tuple[str, str]]:
+    """The real run's steps in the model's terms (engine_record.is_program_step)."""
+    return [(s.op, pv.resource_key(s.urn)) for s in run.steps if er.is_program_step(s.op, s.urn, s.type)]
+
+
+def event_order(run: eng.Run) -> list[dict]:
+    """Each step of the real run with the sequence numbers of its start and its end among all the
+    run's events: the order the engine really ran them in, without wall times."""
+    ticks = sorted({t for s in run.steps for t in (s.started, s.finished) if t is not None})
+    seq = {t: i for i, t in enumerate(ticks)}
+    return [{"op": s.op, "key": pv.resource_key(s.urn), "start": seq[s.started],
+             "end": seq[s.finished if s.finished is not None else s.started]}
+            for s in run.steps if er.is_program_step(s.op, s.urn, s.type)]
+
+
+@dataclass
+class Outcome:
+    preview: pv.EnginePreview
+    up: eng.Run
+    model: list[Step]
+
+
+def change(dep: rc.RealCluster, name: str, *, apply: bool = True, key: Optional[str] = None,
+           during: Optional[Callable[[], Any]] = None, **edit: Any) -> Outcome:
+    """Edit the stack by `edit` (top-level settings, merged one level deep; None removes one), then run
+    it as an operator does; the model is held to every step the engine takes."""
+    before, key_before = dep.settings(), dep.key_generation
+    old = dep.model_graph()
+    merge(dep.overrides, edit)
+    if key is not None:
+        dep.private_key, dep.key_generation = key, dep.key_generation + 1
+    dep.configure()
+    after = dep.settings()
+    model = plan_up(old.regs, dep.model_graph())
+    doc = dep.project.preview_json()
+    engine = pv.parse(json.dumps(doc), label=name, stack=STACK)
+    # The engine's verdict for every resource is the model's.
+    assert pv.disagreements(pv.model_verdicts(model), engine.verdicts()) == [], name
+    figures = FIGURES.setdefault(name, {})
+    figures["changes"] = len(engine.changes())
+    if not apply:
+        if RECORD:
+            er.write(name, STACK, eng.sdk_versions(), before, after, (key_before, dep.key_generation), doc, [])
+        return Outcome(engine, eng.Run("up"), model)
+    work = during() if during else None
+    up = dep.project.up()
+    if work is not None:
+        work.stop()
+    assert up.ok, (up.error or "")[-6000:]
+    # The real run took exactly the model's steps, in an order the model allows.
+    modelled = [k for k in map(er.acting_key, model) if k is not None]
+    ran = engine_ops(up)
+    assert sorted(ran) == sorted(modelled), (name, sorted(set(ran) - set(modelled)), sorted(set(modelled) - set(ran)))
+    order = event_order(up)
+    assert er.order_violations(model, order) == [], name
+    figures["up_s"] = round(up.seconds, 1)
+    # Against the real run: `diff`'s estimate for real hardware (model loads of minutes), and the
+    # model's schedule of these very steps given each one's measured duration (its makespan above the
+    # real wall time would mean the model serialises what the engine runs at once).
+    estimate = compare(STACK, er.side("before", before, key_before), er.side("after", after, dep.key_generation),
+                       engine=engine)
+    assert estimate.engine_notes == [], estimate.engine_notes
+    figures["diff_estimate_s"] = round(estimate.effect.up_s)
+    measured = {(s.op, pv.resource_key(s.urn)): s.seconds for s in up.steps}
+    timing = simulate(model, lambda st: measured.get(er.acting_key(st), 0.0), parallel=dep.project.parallel,
+                      gangs=launch_gangs(model, dep.model_graph()))
+    figures["model_makespan_s"] = round(timing.makespan_s, 1)
+    assert timing.makespan_s <= up.seconds + 1.0, (timing.makespan_s, up.seconds)
+    if RECORD:
+        er.write(name, STACK, eng.sdk_versions(), before, after, (key_before, dep.key_generation), doc, order)
+    elif (er.STEPS_DIR / f"{name}.json").exists():
+        # The kept steps are still the engine's (else: regenerate them, see the module's docstring).
+        kept = er.load(er.STEPS_DIR / f"{name}.json")
+        assert kept.preview.verdicts() == engine.verdicts(), f"tests/engine_steps/{name}.json is stale"
+    dep.wait_serving()
+    after_up = dep.project.preview(expect_no_changes=True)
+    assert after_up.ok, after_up.stdout[-6000:]
+    return Outcome(engine, up, model)
+
+
+def changed(o: Outcome) -> dict[str, str]:
+    """Resource name -> the engine's verdict, for what changes."""
+    return {k.rsplit("::", 1)[-1]: op for k, op in o.preview.changes().items()}
+
+
+def launches(dep: rc.RealCluster, role: str) -> set[str]:
+    return {f"{n}-launch" for n in dep.settings()[role]["nodes"]}
+
+
+def test_a_decode_flag_updates_the_decode_launches_only(dep):
+    flags = dep.settings()["decode"].get("flags", {})
+    o = change(dep, "decode-flag", decode={"flags": {**flags, "max-num-seqs": 24}})
+    assert changed(o) == {n: "update" for n in launches(dep, "decode")}
+
+
+def test_a_prefill_env_updates_the_prefill_launches_only(dep):
+    env = dep.settings()["prefill"].get("env", {})
+    # The fake ranks hold each prefill request 0.1 s from here on: there is something to drain when
+    # the role image rolls under load below.
+    o = change(dep, "prefill-env", prefill={"env": {**env, "FAKE_VLLM_REQUEST_DELAY": "0.1"}})
+    assert changed(o) == {n: "update" for n in launches(dep, "prefill")}
+
+
+def test_a_shared_vllm_flag_updates_every_launch(dep):
+    flags = dep.settings()["vllm"].get("flags", {})
+    o = change(dep, "vllm-flags", vllm={"flags": {**flags, "seed": 2048}})
+    assert changed(o) == {n: "update" for n in launches(dep, "prefill") | launches(dep, "decode")}
+
+
+def test_the_model_path_updates_every_launch_and_keeps_the_containers(dep):
+    """The container mounts the seeds' fixed set (`/home`, `/mnt`, `/data`, ...), not `model.path`
+    itself: a new path restarts the ranks and replaces no container."""
+    o = change(dep, "model-path", model={"path": "/data/model-2"})
+    assert changed(o) == {n: "update" for n in launches(dep, "prefill") | launches(dep, "decode")}
+
+
+def test_the_container_shm_size_replaces_every_container(dep):
+    o = change(dep, "container-shm", container={"shmSize": "2g"})
+    assert {n for n, op in changed(o).items() if n.endswith("-container")} == \
+        {f"{n}-container" for n in dep.fleet.nodes if not n.startswith("x")}
+
+
+def test_the_openyuanrong_shared_memory_restarts_the_workers(dep):
+    o = change(dep, "yuanrong-shm", yuanrong={"sharedMemoryMb": 96})
+    workers = {f"{n}-worker" for n in dep.fleet.nodes if not n.startswith("x")}
+    assert workers <= set(changed(o))
+
+
+def test_etcd_moves_to_another_node(dep):
+    o = change(dep, "etcd-moved", etcd={"node": "p1"})
+    assert changed(o).get("p1-etcd") == "create" and changed(o).get("p0-etcd") == "delete"
+
+
+def test_the_proxy_moves_to_another_node(dep):
+    o = change(dep, "proxy-moved", proxy={"node": "p1"})
+    assert changed(o).get("p1-proxy") == "create" and changed(o).get("p0-proxy") == "delete"
+
+
+def _nodes_with(dep: rc.RealCluster, extra: Optional[dict] = None, rename: Optional[tuple[str, str, bool]] = None
+                ) -> dict[str, Any]:
+    """Overrides for `nodes`, `ssh.hostKeys` and `prefill.nodes` with a node added or renamed."""
+    nodes = [dict(n) for n in dep.settings()["nodes"]]
+    keys = dict(dep.settings()["ssh"]["hostKeys"])
+    prefill = list(dep.settings()["prefill"]["nodes"])
+    if extra:
+        nodes.append(extra)
+        keys[extra["name"]] = dep.fleet.nodes["x0"].host_key
+        prefill.append(extra["name"])
+    if rename:
+        old, new, alias = rename
+        for n in nodes:
+            if n["name"] == old:
+                n["name"] = new
+                n.pop("formerNames", None)
+                if alias:
+                    n["formerNames"] = [old]
+        keys[new] = keys.pop(old)
+        prefill = [new if p == old else p for p in prefill]
+    return {"nodes": nodes, "ssh": {"hostKeys": keys}, "prefill": {"nodes": prefill}}
+
+
+def test_a_node_added_to_prefill(dep):
+    template = next(n for n in dep.settings()["nodes"] if n["name"] == "p3")
+    extra = {**template, "name": "p4", "address": dep.fleet.nodes["x0"].address}
+    extra.pop("formerNames", None)
+    o = change(dep, "node-added", **_nodes_with(dep, extra=extra))
+    assert {n for n, op in changed(o).items() if op == "create"} >= {"p4-container", "p4-launch", "p4-worker"}
+
+
+def test_a_node_removed_from_prefill(dep):
+    o = change(dep, "node-removed", nodes=UNSET, ssh=UNSET, prefill={"nodes": UNSET})
+    assert {n for n, op in changed(o).items() if op == "delete"} >= {"p4-container", "p4-launch", "p4-worker"}
+
+
+def test_a_renamed_node_without_its_former_name_is_a_new_node(dep):
+    """Previewed, not applied: the engine would create p3x's resources beside p3's (whose container
+    holds the fixed name, so the up fails), which `diff` says; the operator reverts."""
+    o = change(dep, "node-renamed-bare", apply=False, **_nodes_with(dep, rename=("p3", "p3x", False)))
+    ops = changed(o)
+    assert ops.get("p3x-container") == "create" and ops.get("p3-container") == "delete"
+    merge(dep.overrides, {"nodes": UNSET, "ssh": UNSET, "prefill": {"nodes": UNSET}})
+    dep.configure()
+    assert dep.project.preview(expect_no_changes=True).ok
+
+
+def test_a_renamed_node_with_its_former_name_restarts_nothing(dep):
+    o = change(dep, "node-renamed-alias", **_nodes_with(dep, rename=("p3", "p3x", True)))
+    assert not {n for n, op in changed(o).items() if op in ("replace", "create", "delete")}, changed(o)
+
+
+def test_the_state_dir_replaces_what_it_holds(dep):
+    o = change(dep, "state-dir", stateDir="/var/lib/ascend-pd-2")
+    assert {n for n, op in changed(o).items() if op == "replace"} >= launches(dep, "decode")
+
+
+def test_a_rotated_ssh_key_updates_every_command(dep):
+    new = dep.workdir / "id_ed25519_2"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rotated", "-f", str(new)], check=True)
+    pub = (new.with_suffix(".pub")).read_text().strip()
+    for node in dep.fleet.nodes.values():
+        node.sh(f"echo '{pub}' >> /root/.ssh/authorized_keys")
+    o = change(dep, "ssh-key-rotated", key=new.read_text())
+    commands = {r.name for r in dep.model_graph().regs if r.type == "command:remote:Command"}
+    assert changed(o) == {c: "update" for c in commands}
+
+
+def test_converge_runs_every_service_script_again(dep):
+    o = change(dep, "converge", converge=1)
+    assert changed(o) and set(changed(o).values()) == {"update"}
+
+
+def test_a_monitoring_threshold_without_a_monitoring_node_changes_nothing(dep):
+    """Alert thresholds go into the files `render --out` writes; with no `monitoring.node` nothing
+    of them is deployed, and the engine agrees."""
+    o = change(dep, "monitoring-threshold", monitoring={"errorPercent": 9})
+    assert changed(o) == {}
+
+
+def test_a_prefill_image_rolls_under_load_without_a_failed_request(dep):
+    """`prefill.image` (a rebuild of the image: a new image ID), by the real `pulumi up`
+    with 20 requests/s through the release proxy: the four prefill containers are replaced, the old
+    launch's delete drains its instance through the rollout slots (one instance at a time), and no
+    request fails. The roll's wall time is set against `diff`'s estimate for real hardware. Last: it
+    sets `rollout.maxUnavailable` back to 1, which slows every roll after it."""
+    plan = plan_of(STACK, er.config_of(dep.settings(), dep.key_generation)[0])
+    image = dep.rebuild("prefill-2")
+    with Load(plan.proxy.url, plan.cfg.model.served_name) as load:
+        time.sleep(2)
+        o = change(dep, "prefill-image", prefill={"image": image}, rollout={"maxUnavailable": 1})
+        time.sleep(2)
+    line = load.report("prefill image on the real engine")
+    prefill = {n: "replace" for n in (f"{p}-container" for p in dep.settings()["prefill"]["nodes"])}
+    assert {n: op for n, op in changed(o).items() if n.endswith("-container")} == prefill
+    failed = [x for x in load.outcomes if not x.ok]
+    assert not failed, (line, [(round(x.latency, 2), x.detail) for x in failed[:5]])
+    assert len(load.outcomes) >= RATE_PER_S * o.up.seconds * 0.8, line
+    FIGURES["prefill-image"].update(requests=len(load.outcomes), failed=len(failed),
+                                    p50_ms=round(load.percentile(0.5) * 1000), p99_ms=round(load.percentile(0.99) * 1000))
