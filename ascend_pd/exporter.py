@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
-from .monitoring import Monitoring
+from .config import Monitoring
 from .valuetypes import HOST
 from .plan import ROLES, Plan
 from .status import (

@@ -12,9 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .config import DEFAULT_MOUNTS, Role, StackConfig, docker_size_mib, step_name
+from .config import DEFAULT_MOUNTS, MONITORING_DIR, Role, StackConfig, docker_size_mib, step_name
 from .errors import ConfigError, Problem, did_you_mean, setting
-from .monitoring import MONITORING_DIR
 from .valuetypes import owned_path_problem
 
 ROLES = ("prefill", "decode")
@@ -708,6 +707,20 @@ PROXY_LAUNCHER = "pd_proxy_launch.py"
 # lease, and <prefix>failed, the instance whose restart failed (the role's waiting restarts stop).
 ROLLOUT_KEY_PREFIX = "/ascend-pd/rollout"
 ROLLOUT_FAILED = "failed"
+
+
+# A slot taken by the delete in a replaced container is held through the container's replacement
+# too: the container's delete and create and its preparation steps (pip installs, patches), for
+# which there is no deadline of ours; this is the allowance (the worker's start has its own bound).
+REPLACEMENT_ALLOWANCE_S = 1800
+
+
+def restart_bound_s(cfg: StackConfig) -> int:
+    """The longest one instance's restart may hold its rollout slot: stop, drain, container replacement,
+    worker restart and model load (monitoring's AscendPdRolloutStuck fires beyond it)."""
+    ro, y = cfg.rollout, cfg.yuanrong
+    return (cfg.vllm.stop_timeout_s + ro.drain_timeout_s + cfg.vllm.ready_timeout_s + REPLACEMENT_ALLOWANCE_S
+            + y.stop_timeout_s + y.start_timeout_s * y.start_attempts)
 
 
 def rollout_prefix(stack: str, role: str) -> str:
