@@ -46,10 +46,9 @@ from typing import Callable, Optional
 from .config import Monitoring
 from .valuetypes import HOST
 from .plan import ROLES, Plan
-from .status import (
-    CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, Timeouts, _check_proxy, _check_registrations, _etcd_call, _etcd_client,
-    _poll, _rollout_keys, _short, _smoke, _why,
-)
+from .status import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, Timeouts
+from .status.read import _check_proxy, _check_registrations, _etcd_call, _etcd_client, _poll, _rollout_keys, _smoke, _why
+from .status.text import _short
 
 DEFAULT_LISTEN = ("127.0.0.1", 9478)  # without --listen and monitoring.exporter
 CACHE_S = 1.0  # a collection answers the scrapes of the next second too
