@@ -14,10 +14,10 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from .valuetypes import (SECONDS, AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey, HostPort,
-                         ImageRef,
-                         Interleave, IPv4, ModelName, Name, Nic, OwnedFile, OwnedPath, Port, PythonIdentifier,
-                         PythonModule, Seconds, Settings, SoftwareVersion, SshUser, Text, Word, WorkerFlagKey)
+from .valuetypes import (SECONDS, AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey,
+                         HostPort, ImageRef, Interleave, IPv4, ModelName, Name, Nic, OwnedFile, OwnedPath, Port,
+                         PythonIdentifier, PythonModule, Seconds, Settings, SoftwareVersion, SshUser, Text, Word,
+                         WorkerFlagKey)
 
 PROJECT = "ascend-pd"
 MONITORING_DIR = "monitoring"  # render --out <out> writes under <out>/monitoring

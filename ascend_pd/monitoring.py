@@ -24,8 +24,8 @@ Recording rules (`rules/recording.yml`), the numbers `status` computes, at three
 `stack_role` (stack, role) or `stack` (the cluster: the prompt side, prefill ranks only, as in
 status: decode's external hits are KV received from prefill and would count every prompt twice):
 
-* prefix-cache hit ratios, as status.py defines them, over the counters summed across the level's
-  ranks: local `vllm_prefix_cache_hit_ratio` = LH / LQ, external
+* prefix-cache hit ratios, as status defines them (status/model.py), over the counters summed across
+  the level's ranks: local `vllm_prefix_cache_hit_ratio` = LH / LQ, external
   `vllm_external_prefix_cache_hit_ratio` = EH / EQ, effective `vllm_effective_prefix_cache_hit_ratio`
   = (LH + EH) / LQ (prefill only). `:since_start` uses the counters as they are (status' "since
   start", equal to it to the last bit); `:rate<window>` uses their increase over `rateWindowS`

@@ -30,7 +30,8 @@ import pytest
 
 from ascend_pd import __main__ as cli_main
 from ascend_pd import status
-from ascend_pd.status import metrics as status_metrics, read as status_read, report as status_report, text as status_text
+from ascend_pd.status import metrics as status_metrics, read as status_read, report as status_report
+from ascend_pd.status import text as status_text
 from ascend_pd.status import MetricsParseError, Timeouts, collect_status, format_table, parse_prometheus
 from status_support import clean_env, plan_of, small_stack, write_stack
 from status_support.hostile import (

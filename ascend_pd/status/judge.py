@@ -1,4 +1,5 @@
-"""Judging: per rank, instance, role, node and cluster, ok/hung/down and why (status, heal and the exporter share it)."""
+"""Judging: per rank, instance, role, node and cluster, ok/hung/down and why (`collect_status`, which status
+and heal call)."""
 
 from __future__ import annotations
 
