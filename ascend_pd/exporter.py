@@ -1,24 +1,24 @@
 """`ascend-pd exporter --stack NAME [--listen HOST:PORT]`: a Prometheus exporter of the cluster facts that
 no component exports itself, read exactly as `status` reads them (its own checks, not a second copy):
 
-* the openYuanrong workers' registrations in etcd (`status._check_registrations`, keys under
+* the openYuanrong workers' registrations in etcd (`status.read._check_registrations`, keys under
   `status.WORKER_PREFIX`): `ascend_pd_worker_registered{node,address}` 1/0 for every planned worker and
   `ascend_pd_workers_unplanned`, the registrations of workers the plan does not have. While etcd cannot
   be read there is no such series at all (unknown is not 0) and `ascend_pd_etcd_readable` is 0.
-* the rolling restarts' keys in etcd (`status._rollout_keys`, shell/rollout_lib.sh): for every held
+* the rolling restarts' keys in etcd (`status.read._rollout_keys`, shell/rollout_lib.sh): for every held
   restart slot `ascend_pd_rollout_slot_held_seconds{role,instance}`, its age from the slot key's lease
   (granted TTL - remaining TTL, etcd's LeaseTimeToLive), so that restarting the exporter does not reset
   it; `ascend_pd_rollout_failed{role,instance}` 1 while a role's failure mark names the instance.
-* the PD proxy's `/healthcheck` (`status._check_proxy`): `ascend_pd_proxy_up`, the prefill and decode
+* the PD proxy's `/healthcheck` (`status.read._check_proxy`): `ascend_pd_proxy_up`, the prefill and decode
   "instances" it routes to (`ascend_pd_proxy_instances{role}`: the proxy counts every rank endpoint as
   one) and the plan's (`ascend_pd_proxy_instances_planned{role}`: its rank endpoints, as status compares).
-* the P/D smoke (`status._smoke`: one tiny chat completion through the proxy that a prefill rank and a
+* the P/D smoke (`status.read._smoke`: one tiny chat completion through the proxy that a prefill rank and a
   decode rank must both serve, judged by their counters), in a thread of its own every
   `monitoring.smokeIntervalS`, never two at once and never per scrape: `ascend_pd_smoke_success`,
   `ascend_pd_smoke_latency_seconds` (of the last successful one), `ascend_pd_smoke_last_run_timestamp_seconds`
   and the counter `ascend_pd_smoke_total{result="ok"|"failed"}`.
 
-Every series carries `stack`. A scrape collects the etcd and proxy facts concurrently (`status._poll`),
+Every series carries `stack`. A scrape collects the etcd and proxy facts concurrently (`status.read._poll`),
 each request bounded by `scrape_timeouts` (below Prometheus' scrape timeout); scrapes that come while a
 collection runs, or within CACHE_S of one, are answered from it, so concurrent scrapes never pile up
 collections. A check that fails is a 0 or an absent series (and one line on stderr when its state
@@ -43,13 +43,13 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
-from .monitoring import Monitoring
+from .config import Monitoring
 from .valuetypes import HOST
 from .plan import ROLES, Plan
-from .status import (
-    CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, Timeouts, _check_proxy, _check_registrations, _etcd_call, _etcd_client,
-    _poll, _rollout_keys, _short, _smoke, _why,
-)
+from .status import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, Timeouts
+from .status.read import (_check_proxy, _check_registrations, _etcd_call, _etcd_client, _poll, _rollout_keys, _smoke,
+                          _why)
+from .status.text import _short
 
 DEFAULT_LISTEN = ("127.0.0.1", 9478)  # without --listen and monitoring.exporter
 CACHE_S = 1.0  # a collection answers the scrapes of the next second too

@@ -24,8 +24,8 @@ Recording rules (`rules/recording.yml`), the numbers `status` computes, at three
 `stack_role` (stack, role) or `stack` (the cluster: the prompt side, prefill ranks only, as in
 status: decode's external hits are KV received from prefill and would count every prompt twice):
 
-* prefix-cache hit ratios, as status.py defines them, over the counters summed across the level's
-  ranks: local `vllm_prefix_cache_hit_ratio` = LH / LQ, external
+* prefix-cache hit ratios, as status defines them (status/model.py), over the counters summed across
+  the level's ranks: local `vllm_prefix_cache_hit_ratio` = LH / LQ, external
   `vllm_external_prefix_cache_hit_ratio` = EH / EQ, effective `vllm_effective_prefix_cache_hit_ratio`
   = (LH + EH) / LQ (prefill only). `:since_start` uses the counters as they are (status' "since
   start", equal to it to the last bit); `:rate<window>` uses their increase over `rateWindowS`
@@ -55,15 +55,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Optional
 
 import yaml
-from pydantic import Field, model_validator
 
-from .valuetypes import SECONDS, DockerName, HostPort, ImageRef, Name, OwnedPath, Port, Settings
-
-if TYPE_CHECKING:  # config.py imports this module (StackConfig.monitoring): no import of config or plan here
-    from .plan import Plan
+from .config import MONITORING_DIR, Monitoring  # noqa: F401 (MONITORING_DIR: render --out's subdirectory)
+from .plan import Plan, restart_bound_s
 
 JOB_RANKS = "ascend-pd-vllm"
 JOB_ETCD = "ascend-pd-etcd"
@@ -107,85 +104,9 @@ HUGEPAGE_SIZE = "node_memory_Hugepagesize_bytes"
 # at most this window later than hang.py's verdict.
 HANG_WINDOW_SCRAPES = 4
 
-MONITORING_DIR = "monitoring"  # render --out <out> writes under <out>/monitoring
 PROMETHEUS_YML = "prometheus.yml"
 RECORDING_YML = "rules/recording.yml"
 ALERTS_YML = "rules/alerts.yml"
-
-
-def _seconds(ge: int, le: int):
-    """valuetypes.Seconds with an upper bound of its own (a bound given in the assigned Field would lose to
-    the Annotated one)."""
-    return Annotated[int, Field(strict=True, ge=ge, le=le), SECONDS]
-
-
-class Monitoring(Settings):
-    """The Prometheus configuration `render --out` writes for the stack (scrape targets, rules, alerts)."""
-
-    @model_validator(mode="after")
-    def _windows_hold_scrapes(self) -> "Monitoring":
-        if self.rate_window_s < 4 * self.scrape_interval_s:
-            raise ValueError(
-                f"monitoring.rateWindowS {self.rate_window_s} holds fewer than four scrapes of "
-                f"monitoring.scrapeIntervalS {self.scrape_interval_s}: a rate needs two samples even when one scrape "
-                f"fails; set rateWindowS to at least {4 * self.scrape_interval_s}")
-        if self.baseline_window_s < 2 * self.rate_window_s:
-            raise ValueError(
-                f"monitoring.baselineWindowS {self.baseline_window_s} is shorter than twice monitoring.rateWindowS "
-                f"{self.rate_window_s}: the hit-rate drop alert compares the last rateWindowS with a baseline that "
-                f"window would dominate; set baselineWindowS to at least {2 * self.rate_window_s}")
-        return self
-
-    scrape_interval_s: _seconds(1, 15) = Field(5, description=(
-        "How often Prometheus reads every rank's and etcd's `/metrics`, and evaluates the rules, in seconds."))
-    rate_window_s: _seconds(4, 3600) = Field(300, description=(
-        "Window of the recorded rates, hit ratios over time and latency quantiles, and of the decode-only "
-        "fallback and request error alerts, in seconds (at least four scrapes: `4 × scrapeIntervalS`)."))
-    baseline_window_s: _seconds(600, 86400) = Field(3600, description=(
-        "Window of the KV pool hit rate's own baseline that the hit-rate drop alert compares the last "
-        "`rateWindowS` with, in seconds."))
-    hit_rate_drop_percent: int = Field(30, ge=1, le=100, description=(
-        "The KV pool hit-rate drop alert fires when the openYuanrong pool's hit rate (prefill ranks' external "
-        "hits / external queries) over `rateWindowS` is this many percent below its own average over "
-        "`baselineWindowS`, relative to it (30: a baseline of 80 % alerts below 56 %)."))
-    min_baseline_percent: int = Field(5, ge=0, le=100, description=(
-        "The hit-rate drop alert applies only while the pool's baseline hit rate is at least this many percent "
-        "(a drop from a tiny baseline is noise)."))
-    node_exporter_port: Optional[Port(ge=1, le=65535)] = Field(9100, description=(
-        "Port of the site's Prometheus node_exporter on every node, scraped for the huge pages alert (`null`: not "
-        "scraped, and no huge pages alert). A node_exporter that does not answer raises a warning of its own."))
-    exporter: Optional[HostPort] = Field(None, description=(
-        "`host:port` where `ascend-pd exporter` serves the cluster facts that no component exports (worker "
-        "registrations in etcd, rollout slots, the P/D smoke completion through the proxy); unset: not scraped, "
-        "and the alerts on them are not generated."))
-    smoke_interval_s: _seconds(5, 3600) = Field(30, description=(
-        "How often `ascend-pd exporter` sends its one-token P/D smoke completion through the proxy, in seconds."))
-    node: Optional[Name] = Field(None, description=(
-        "Node on which `pulumi up` runs Prometheus (in a container of its own, host network) with the generated "
-        "configuration and rules, after the proxy; unset: nothing is deployed (a site's own Prometheus takes the "
-        "files `render --out` writes)."))
-    image: ImageRef = Field("quay.io/prometheus/prometheus:v2.53.4", description=(
-        "Prometheus image run on `monitoring.node` (a registry mirror the nodes can pull from, as for "
-        "`container.image`)."))
-    port: Port() = Field(9090, description="Port of Prometheus' web UI and API on `monitoring.node`.")
-    dir: OwnedPath = Field("/var/lib/ascend-pd/prometheus", description=(
-        "Directory on `monitoring.node`'s host holding the generated configuration (`config/`) and the TSDB "
-        "(`data/`); destroy removes the configuration and keeps the data."))
-    container_name: DockerName = Field("ascend-pd-prometheus", description=(
-        "Name of the Prometheus container on `monitoring.node`."))
-    retention_days: int = Field(15, ge=1, le=3650, description=(
-        "Days of samples Prometheus on `monitoring.node` keeps (`--storage.tsdb.retention.time`)."))
-    decode_self_prefill_percent: int = Field(25, ge=1, le=100, description=(
-        "The decode-only fallback alert fires for a decode rank that computed more than this many percent of its "
-        "requests' prompt tokens itself over `rateWindowS` (neither received from prefill nor in its own prefix "
-        "cache), or served requests while receiving no KV at all. A healthy decode computes at most each prompt's "
-        "last token."))
-    error_percent: int = Field(5, ge=1, le=100, description=(
-        "The request error alert fires for an instance when more than this many percent of the requests it "
-        "finished over `rateWindowS` ended in `error` (client aborts do not count)."))
-    alert_for_s: _seconds(0, 3600) = Field(120, description=(
-        "How long a condition must hold before its alert fires (rank or etcd down, no etcd leader, decode-only "
-        "fallback, hit-rate drop), in seconds; a hang waits `hang.seconds` instead."))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,7 +463,6 @@ def _exporter_alerts(plan: "Plan", m: Monitoring) -> list[Alert]:
     """What `ascend-pd exporter` reports (monitoring.exporter): workers, rollouts, the proxy and the smoke."""
     if m.exporter is None:
         return []
-    from .scripts.launch import restart_bound_s  # scripts imports plan, which imports config, which imports this
 
     s = plan.stack
     cmd, heal, redo = _runbook_commands(s)

@@ -30,6 +30,8 @@ import pytest
 
 from ascend_pd import __main__ as cli_main
 from ascend_pd import status
+from ascend_pd.status import metrics as status_metrics, read as status_read, report as status_report
+from ascend_pd.status import text as status_text
 from ascend_pd.status import MetricsParseError, Timeouts, collect_status, format_table, parse_prometheus
 from status_support import clean_env, plan_of, small_stack, write_stack
 from status_support.hostile import (
@@ -430,8 +432,8 @@ def test_malformed_etcd_answers(case, tmp_path):
     assert list(problems) == [f"etcd {plan.etcd.endpoint}"] + (["openYuanrong workers"] if which == "version" else []) \
         or list(problems) == ["openYuanrong workers"], problems
     # The report renders both ways.
-    assert not UNSAFE.search(status._for_terminal(format_table(plan, rep)))
-    strict_json(status._to_json(rep))
+    assert not UNSAFE.search(status_report._for_terminal(format_table(plan, rep)))
+    strict_json(status_report._to_json(rep))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,7 +461,7 @@ def test_deadline_covers_the_whole_request(one_endpoint):
         url = one_endpoint(handler, port=18900 + i)
         t0 = time.monotonic()
         with pytest.raises(Exception) as exc:
-            status._http("GET", url, FAST, 0.5)
+            status_read._http("GET", url, FAST, 0.5)
         took = time.monotonic() - t0
         assert 0.45 <= took < 0.5 + SLACK_S, took
         assert text in str(exc.value), exc.value
@@ -469,43 +471,43 @@ def test_size_cap_boundaries(one_endpoint):
     cap = 1000
     def exact(n):
         return lambda req, conn, stop: respond(conn, b"x" * n, ctype="text/plain")
-    assert status._http("GET", one_endpoint(exact(cap), port=18910), CALM, 10, max_bytes=cap) == (200, b"x" * cap)
-    with pytest.raises(status._Failure, match=r"answer of 1001 bytes \(Content-Length\) is larger than"):
-        status._http("GET", one_endpoint(exact(cap + 1), port=18911), CALM, 10, max_bytes=cap)
-    with pytest.raises(status._Failure, match="answer larger than the"):
-        status._http("GET", one_endpoint(huge("close", total=cap + 1), port=18912), CALM, 10, max_bytes=cap)
+    assert status_read._http("GET", one_endpoint(exact(cap), port=18910), CALM, 10, max_bytes=cap) == (200, b"x" * cap)
+    with pytest.raises(status_read._Failure, match=r"answer of 1001 bytes \(Content-Length\) is larger than"):
+        status_read._http("GET", one_endpoint(exact(cap + 1), port=18911), CALM, 10, max_bytes=cap)
+    with pytest.raises(status_read._Failure, match="answer larger than the"):
+        status_read._http("GET", one_endpoint(huge("close", total=cap + 1), port=18912), CALM, 10, max_bytes=cap)
     for i, length in enumerate(("9" * 40, "0" * 30 + "5000")):  # absurd and zero-padded Content-Length
         url = one_endpoint(lambda req, conn, stop, length=length: conn.sendall(head(extra=[f"Content-Length: {length}"])),
                            port=18913 + i)
-        with pytest.raises(status._Failure, match=r"answer of (9{21}\.\.\.|5000) bytes \(Content-Length\) is larger than the 1000-byte cap"):
-            status._http("GET", url, CALM, 10, max_bytes=cap)
+        with pytest.raises(status_read._Failure, match=r"answer of (9{21}\.\.\.|5000) bytes \(Content-Length\) is larger than the 1000-byte cap"):
+            status_read._http("GET", url, CALM, 10, max_bytes=cap)
 
 
 def test_no_redirects_no_other_schemes_no_header_floods(one_endpoint):
     def redirect(req, conn, stop):
         conn.sendall(head("302 Found", length=0, extra=["Location: https://203.0.113.1/elsewhere"]))
-    assert status._http("GET", one_endpoint(redirect, port=18920), CALM, 10)[0] == 302
-    with pytest.raises(status._Failure, match="not an http:// URL"):
-        status._http("GET", "https://127.0.3.99:18921/", CALM, 10)
+    assert status_read._http("GET", one_endpoint(redirect, port=18920), CALM, 10)[0] == 302
+    with pytest.raises(status_read._Failure, match="not an http:// URL"):
+        status_read._http("GET", "https://127.0.3.99:18921/", CALM, 10)
 
     def headers_flood(req, conn, stop):
         conn.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n")
     with pytest.raises(Exception) as exc:
-        status._http("GET", one_endpoint(headers_flood, port=18922), CALM, 10)
-    assert status._why(exc.value, CALM).startswith("not an HTTP answer: "), status._why(exc.value, CALM)
+        status_read._http("GET", one_endpoint(headers_flood, port=18922), CALM, 10)
+    assert status_read._why(exc.value, CALM).startswith("not an HTTP answer: "), status_read._why(exc.value, CALM)
 
     def cut(req, conn, stop):
         conn.sendall(head(length=500) + b"x" * 100)
-    with pytest.raises(status._Failure, match="answer cut off: "):
-        status._http("GET", one_endpoint(cut, port=18923), CALM, 10)
+    with pytest.raises(status_read._Failure, match="answer cut off: "):
+        status_read._http("GET", one_endpoint(cut, port=18923), CALM, 10)
 
 
 def test_non_finite_and_impossible_counters():
     good = parse_prometheus('a_total{x="1"} 3\nb_total 0\ng NaN\nh +Inf\n')
-    status._check_counters(good)  # gauges may be NaN or +Inf
+    status_metrics._check_counters(good)  # gauges may be NaN or +Inf
     for value, shown in (("+Inf", "+Inf"), ("NaN", "NaN"), ("-Inf", "-Inf"), ("-1", "-1.0"), ("1e300", "1e+300")):
         with pytest.raises(MetricsParseError, match=re.escape(f'counter vllm:x_total{{engine="0"}} is {shown}, not a count')):
-            status._check_counters(parse_prometheus(f'vllm:x_total{{engine="0"}} {value}\n'))
+            status_metrics._check_counters(parse_prometheus(f'vllm:x_total{{engine="0"}} {value}\n'))
 
 
 def test_parse_has_a_deadline():
@@ -516,10 +518,10 @@ def test_parse_has_a_deadline():
 
 
 def test_printable():
-    assert status._printable("plain ascii, ünïcödé, 中文") == "plain ascii, ünïcödé, 中文"
-    assert status._printable("a\x1b[2Jb\rc\x08\x7f\x9b\u202e\u2028\n") == "a\\x1b[2Jb\\rc\\x08\\x7f\\x9b\\u202e\\u2028\\n"
-    assert status._for_terminal("line\x1b[31m\nnext\t") == "line\\x1b[31m\nnext\\t"
-    assert status._short("x\x1b" * 100, 20) == ("x\\x1b" * 4)[:17] + "..."
+    assert status_text._printable("plain ascii, ünïcödé, 中文") == "plain ascii, ünïcödé, 中文"
+    assert status_text._printable("a\x1b[2Jb\rc\x08\x7f\x9b\u202e\u2028\n") == "a\\x1b[2Jb\\rc\\x08\\x7f\\x9b\\u202e\\u2028\\n"
+    assert status_report._for_terminal("line\x1b[31m\nnext\t") == "line\\x1b[31m\nnext\\t"
+    assert status_text._short("x\x1b" * 100, 20) == ("x\\x1b" * 4)[:17] + "..."
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,17 +23,13 @@ from __future__ import annotations
 
 import json
 
-from ..plan import ROLLOUT_FAILED, UNSET_ENV, Instance, Plan, rollout_prefix
+from ..plan import ROLLOUT_FAILED, UNSET_ENV, Instance, Plan, restart_bound_s, rollout_prefix
 from ..valuetypes import BASH_SECONDS_MAX
 from ..shell import (CURL, LOG_TAIL, Script, background, fingerprint, header, library, managed_start, params, q,
                      source_env_files)
 
 POLL_S = 5
 ROLLOUT_MARGIN_S = 60  # a restart slot's lease outlives stop + drain + ready by this
-# A slot taken by the delete in a replaced container is held through the container's replacement
-# too: the container's delete and create and its preparation steps (pip installs, patches), for
-# which there is no deadline of ours; this is the allowance (the worker's start has its own bound).
-REPLACEMENT_ALLOWANCE_S = 1800
 ONE_REQUEST_TIMEOUT_S = 60  # the one-token completion on a restarted rank
 READD_TIMEOUT_S = 60  # until the proxy lists a restarted instance again (it re-checks a parked one itself)
 # How often a restarting instance's removal from the proxy is re-asserted. The release's script resets
@@ -54,13 +50,6 @@ def group_fingerprint(instance: Instance) -> str:
     return fingerprint(*(json.dumps([r.argv, r.env]) for r in instance.ranks))
 
 
-
-def restart_bound_s(cfg) -> int:
-    """The longest one instance's restart may hold its rollout slot: stop, drain, container replacement,
-    worker restart and model load (monitoring's AscendPdRolloutStuck fires beyond it)."""
-    ro, y = cfg.rollout, cfg.yuanrong
-    return (cfg.vllm.stop_timeout_s + ro.drain_timeout_s + cfg.vllm.ready_timeout_s + REPLACEMENT_ALLOWANCE_S
-            + y.stop_timeout_s + y.start_timeout_s * y.start_attempts)
 
 def group_key(plan: Plan, instance: Instance) -> str:
     return f"{GROUP_KEY_PREFIX}/{plan.stack}/{instance.name}/"
