@@ -25,7 +25,7 @@ from ..loader import located_config_map
 
 GIT_TIMEOUT_S = 60
 # What renders the scripts and the graph (a change elsewhere, tests or docs, deploys nothing).
-PROGRAM_PATHS = ("ascend_pd/config.py", "ascend_pd/plan.py", "ascend_pd/loader.py", "ascend_pd/valuetypes.py",
+PROGRAM_PATHS = ("ascend_pd/config.py", "ascend_pd/plan.py", "ascend_pd/plan_checks.py", "ascend_pd/loader.py", "ascend_pd/valuetypes.py",
                  "ascend_pd/shell", "ascend_pd/scripts", "ascend_pd/probes.py", "components", "__main__.py")
 
 
