@@ -412,5 +412,34 @@ def rank_tails(plan: Plan, names: Sequence[str], targets: dict[str, ssh.Target],
     return fetch(plan, picked, targets, tail=lines, timeout_s=timeout_s)
 
 
-__all__ = ["node_script", "fetch", "follow", "run", "show", "Printer", "parse_since", "since_filter", "line_time",
+STATUS_TAIL_LINES = 20  # of each broken rank's log under `status -v`
+STATUS_TAIL_RANKS = 8  # ranks shown (a dead 32-rank group: the first of each instance, then others)
+
+
+def status_tails(plan: Plan, rep, timeout_s: float) -> str:
+    """`status -v`: the last lines of the broken ranks' logs, read over SSH (the operator's agent and
+    ~/.ssh/config, the stack's pinned host keys) within `timeout_s`; "" when no rank is broken."""
+    bad = [r for r in rep.ranks if r.state != "ok" or not r.ok]
+    if not bad:
+        return ""
+    firsts = list(dict.fromkeys(f"{r.role}-{r.instance}" for r in bad))
+    order = [next(r for r in bad if f"{r.role}-{r.instance}" == i) for i in firsts]
+    order += [r for r in bad if r not in order]
+    names = [r.name for r in order[:STATUS_TAIL_RANKS]]
+    targets = ssh.ssh_targets(plan, connect_timeout_s=min(ssh.DEFAULT_CONNECT_TIMEOUT_S, timeout_s))
+    got = rank_tails(plan, names, targets, lines=STATUS_TAIL_LINES, timeout_s=timeout_s)
+    out = ["", f"LAST {STATUS_TAIL_LINES} LINES of the broken ranks' logs"
+           + (f" ({len(names)} of {len(bad)}: `ascend-pd logs` shows the others)" if len(bad) > len(names) else "")]
+    for log in sorted(got.logs, key=lambda lg: names.index(lg.source.name)):
+        s = log.source
+        if s.node in got.unreachable and not (log.lines or log.missing or log.notes):
+            continue
+        out.append(f"  {s.label} ({s.path}):")
+        out += [f"    -- {n}" for n in log.notes]
+        out += ["    -- no log yet"] if log.missing else [f"    {printable(ln)}" for ln in log.lines]
+    out += [f"  {node}: logs not read: {why}" for node, why in sorted(got.unreachable.items())]
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["status_tails", "node_script", "fetch", "follow", "run", "show", "Printer", "parse_since", "since_filter", "line_time",
            "rank_tails", "Fetched", "SourceLog", "DEFAULT_TIMEOUT_S", "screenful"]

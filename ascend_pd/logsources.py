@@ -104,6 +104,31 @@ def logs_command(stack: str, *, rank: str = "", instance: str = "", service: str
 _STATE_WORDS = {"fail": "down", "hung": "hung", "ok": "failing checks"}
 
 
+# Each alert's logs (monitoring.py): the labels its series carry, as Prometheus templates.
+_RANK, _INSTANCE, _NODE = "{{ $labels.rank }}", "{{ $labels.instance }}", "{{ $labels.node }}"
+ALERT_LOGS = {
+    "AscendPdRankDown": {"rank": _RANK}, "AscendPdRankHung": {"rank": _RANK},
+    "AscendPdDecodeOnlyFallback": {"rank": _RANK}, "AscendPdRequestErrors": {"instance": _INSTANCE},
+    "AscendPdKvPoolHitRateDrop": {"service": "worker"}, "AscendPdEtcdDown": {"service": "etcd"},
+    "AscendPdEtcdNoLeader": {"service": "etcd"}, "AscendPdNodeExporterDown": {"node": _NODE},
+    "AscendPdHugepagesBelowPlan": {"service": "worker", "node": _NODE},
+    "AscendPdWorkerMissing": {"service": "worker", "node": _NODE},
+    "AscendPdRolloutStuck": {"instance": _INSTANCE}, "AscendPdRolloutFailed": {"instance": _INSTANCE},
+    "AscendPdProxyDown": {"service": "proxy"}, "AscendPdSmokeFailing": {"service": "proxy"},
+}
+
+
+def runbook_with_logs(stack: str, alert: str, runbook: str) -> str:
+    """An alert's runbook ending in the command that shows the logs of what it is about (unchanged for
+    an alert about no log of the stack, e.g. the exporter's own)."""
+    sel = ALERT_LOGS.get(alert)
+    if sel is None:
+        return runbook
+    argv = [PROG, "logs", "--stack", stack] + ([sel["service"]] if "service" in sel else []) + [
+        x for k in ("instance", "rank", "node") if k in sel for x in (f"--{k}", sel[k])]
+    return f"{runbook} Logs: `{' '.join(argv)} --tail 200`."
+
+
 def pointer_lines(plan: Plan, rep) -> list[str]:
     """`status`'s report -> one line per broken rank, worker, etcd or proxy with the command that shows
     its log. A broken instance with every rank broken is one line (--instance), else one per rank."""
@@ -135,5 +160,5 @@ def pointer_blocks(plan: Plan, rep) -> list[str]:
     return ["", "LOGS of what is broken"] + [f"  {ln}" for ln in lines] if lines else []
 
 
-__all__ = ["Source", "SERVICES", "sources", "select", "SelectionError", "logs_command", "pointer_lines",
+__all__ = ["runbook_with_logs", "ALERT_LOGS", "Source", "SERVICES", "sources", "select", "SelectionError", "logs_command", "pointer_lines",
            "pointer_blocks"]

@@ -85,6 +85,7 @@ import urllib3.exceptions
 
 from . import term
 from .hang import DEAD, HUNG, ONE_SHOT_NOTE, SPLIT, Activity, HangTracker, InstanceVerdict, Observation
+from .logsources import pointer_blocks
 from .plan import ROLES, ROLLOUT_FAILED, ROLLOUT_KEY_PREFIX, Plan, Rank
 from .shell import pd_smoke
 
@@ -1343,7 +1344,7 @@ def report_blocks(plan: Plan, rep: StatusReport, *, verbose: bool = False) -> li
     else:
         out += ["", "Requests per instance and KV cache hit rates: no rank's /metrics could be read "
                 "(-v shows the empty tables)"]
-    return out + _problem_blocks(rep, shown)
+    return out + _problem_blocks(rep, shown) + pointer_blocks(plan, rep)  # the `ascend-pd logs` of what is broken
 
 
 def _folded_problems(rep: StatusReport, down: dict[str, NodeStatus]) -> list[Problem]:
@@ -1592,6 +1593,10 @@ def run(plan: Plan, *, as_json: bool = False, watch: Optional[float] = None, cou
                 if watch and polls:
                     out.write("\n")
                 out.write(_for_terminal(format_table(plan, rep, verbose=verbose)))
+            if verbose and not as_json:  # the last lines of the broken ranks' logs, within the same deadline
+                from .logs import status_tails
+
+                out.write(_for_terminal(status_tails(plan, rep, timeouts.request_s)))
             out.flush()
             code, polls, previous = rep.exit_code, polls + 1, rep
             if not watch or (count is not None and polls >= count):

@@ -4,6 +4,7 @@ launch script puts it; and the pure parts (selection, the pointer commands, --si
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -323,3 +324,55 @@ def test_bundle_with_a_hung_node_holds_the_error_and_no_secret(cluster, tmp_path
     assert "HF_TOKEN=[redacted]" in files[f"nodes/p1/logs/{FAILED}.log"]
     key = cluster.key.read_text().splitlines()[1]
     assert not any(key in text for text in files.values())
+
+
+def test_heal_names_the_logs_command_of_a_crash_loop_and_of_every_broken_instance():
+    from ascend_pd.heal import HealReport, InstanceHeal
+
+    rep = HealReport(stack=STACK, polled_at=0.0, broken=["prefill-1", "decode-0"], workers=["d1: restarted"],
+                     instances=[InstanceHeal("prefill-1", ["prefill-1-r0: dead"], "left-out", "3 restarts in 30 min"),
+                                InstanceHeal("decode-0", ["decode-0-r3: hung"], "healed")])
+    text = rep.text()
+    assert f"(its logs: `ascend-pd logs --stack {STACK} --instance prefill-1 --tail 200`)" in text
+    assert f"    logs: ascend-pd logs --stack {STACK} --instance decode-0\n" in text
+    assert f"worker d1: restarted; logs: ascend-pd logs --stack {STACK} worker --node d1" in text
+
+
+def test_every_alert_about_the_stack_names_its_logs_command():
+    from ascend_pd.monitoring import alerts
+
+    by_name = {a.name: a.runbook for a in alerts(_plan())}
+    assert by_name["AscendPdRankDown"].endswith(
+        f"Logs: `ascend-pd logs --stack {STACK} --rank {{{{ $labels.rank }}}} --tail 200`.")
+    assert f"`ascend-pd logs --stack {STACK} etcd --tail 200`" in by_name["AscendPdEtcdDown"]
+    assert all("ascend-pd logs" in rb for name, rb in by_name.items() if name in logsources.ALERT_LOGS)
+
+
+@pytest.fixture
+def agent(cluster, monkeypatch):
+    """An ssh-agent holding the cluster's key: what `status -v` uses (it has no --identity)."""
+    out = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True).stdout
+    env = dict(m.split("=", 1) for m in (part.split(";")[0] for part in out.split("\n")) if "=" in m)
+    monkeypatch.setenv("SSH_AUTH_SOCK", env["SSH_AUTH_SOCK"])
+    subprocess.run(["ssh-add", "-q", str(cluster.key)], check=True, capture_output=True)
+    yield
+    os.kill(int(env["SSH_AGENT_PID"]), signal.SIGTERM)
+
+
+@needs_nodes
+def test_status_verbose_shows_the_last_lines_of_the_failed_ranks_log(cluster, agent):
+    from ascend_pd.status import Timeouts, run
+
+    buf = io.StringIO()
+    t0 = time.monotonic()
+    code = run(cluster.plan, verbose=True, smoke=False, timeouts=Timeouts(connect_s=0.5, request_s=4.0), out=buf,
+               err=io.StringIO())
+    took = time.monotonic() - t0
+    text = buf.getvalue()
+    assert code == 1
+    assert f"  prefill-1 (down, 2 ranks): ascend-pd logs --stack {STACK} --instance prefill-1" in text
+    tail = text.split("LAST 20 LINES of the broken ranks' logs")[1]
+    assert "(8 of 40: `ascend-pd logs` shows the others)" in tail
+    assert f"  {FAILED}@p1 ({STATE}/logs/{FAILED}.log):\n" in tail and f"    {ERROR_LINE}\n" in tail
+    assert "  prefill-2-r0@p2" in tail
+    assert took < 4.0 * 2 + 3, took  # the poll's deadline, then the logs' one
