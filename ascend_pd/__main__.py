@@ -134,8 +134,9 @@ BUNDLE_DESCRIPTION = (
 # Every exit code a subcommand can return, in one place: the README's table is checked against it.
 EXIT_CODES = {
     0: "success: nothing failed (status: all healthy; doctor: no failed check; heal: nothing broken or all healed; "
-       "diff: no change; exporter: stopped by SIGTERM)",
-    1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken)",
+       "diff: no change; exporter: stopped by SIGTERM; logs: every node read, -f ended by Ctrl-C; bundle: written)",
+    1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken; "
+       "logs: a node could not be read)",
     2: "the stack file, an option or a path given is invalid; nothing was contacted or changed",
     10: "diff only: the stack file changes something",
     130: "interrupted (Ctrl-C)",
