@@ -270,7 +270,7 @@ class Printer:
         self.out.flush()
 
 
-def show(fetched: Fetched, printer: Printer, err: TextIO, *, since: Optional[datetime] = None) -> int:
+def show(fetched: Fetched, printer: Printer, err: TextIO, *, since: Optional[datetime] = None, grep: str = "") -> int:
     """Print what was read: every source's lines together, in the plan's order; an unreachable node is
     one line on stderr. 1 when a node could not be read."""
     for log in fetched.logs:
@@ -285,7 +285,8 @@ def show(fetched: Fetched, printer: Printer, err: TextIO, *, since: Optional[dat
         for ln in lines:
             printer.line(log.source, ln)
         if not lines and not log.notes:
-            printer.note(log.source, "no lines" + (" since then" if since else "") + " (of the lines read)")
+            printer.note(log.source, "no line since " + since.strftime("%Y-%m-%d %H:%M:%S") if since and log.lines
+                         else "no line matches --grep" if grep else "the log is empty")
     printer.flush()
     for node, why in sorted(fetched.unreachable.items()):
         names = [log.source.name for log in fetched.logs if log.source.node == node]
@@ -298,7 +299,8 @@ def show(fetched: Fetched, printer: Printer, err: TextIO, *, since: Optional[dat
 
 
 def follow(plan: Plan, picked: Sequence[Source], targets: dict[str, ssh.Target], printer: Printer, err: TextIO, *,
-           tail: int, grep: str = "", timeout_s: float = DEFAULT_TIMEOUT_S, stop: Optional[threading.Event] = None) -> int:
+           tail: int, grep: str = "", timeout_s: float = DEFAULT_TIMEOUT_S, stop: Optional[threading.Event] = None,
+           since: Optional[datetime] = None) -> int:
     """Follow every picked source until Ctrl-C (or `stop`): lines as they come, from every node at once.
     A node that does not answer within timeout_s is named on stderr and the others go on."""
     nodes = _by_node(picked)
@@ -326,6 +328,7 @@ def follow(plan: Plan, picked: Sequence[Source], targets: dict[str, ssh.Target],
         threading.Thread(target=reader, args=(node, proc), daemon=True).start()
     hello: set[str] = set()
     gone: set[str] = set()
+    keep: dict[str, bool] = {}  # --since: per source, whether its last timed line was recent
     code = 0
 
     def drop(node: str, why: str) -> None:
@@ -354,7 +357,7 @@ def follow(plan: Plan, picked: Sequence[Source], targets: dict[str, ssh.Target],
                     if m and int(m.group(1)) in index:
                         s = index[int(m.group(1))]
                         kind = m.group(2)
-                        if kind == "L":
+                        if kind == "L" and (since is None or _recent(keep, s, m.group(3) or "", since)):
                             printer.line(s, m.group(3) or "")
                         elif kind == "M":
                             printer.note(s, f"no log yet ({s.path}): following it until it appears")
@@ -372,6 +375,14 @@ def follow(plan: Plan, picked: Sequence[Source], targets: dict[str, ssh.Target],
         for p in procs.values():
             _kill(p)
     return code
+
+
+def _recent(keep: dict[str, bool], s: Source, line: str, since: datetime) -> bool:
+    """since_filter one line at a time: a line without a time goes with the one before it."""
+    t = line_time(line, datetime.now().astimezone())
+    if t is not None:
+        keep[s.label] = t >= since
+    return keep.get(s.label, True)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -399,8 +410,9 @@ def run(plan: Plan, picked: Sequence[Source], targets: dict[str, ssh.Target], *,
     n = tail if tail is not None else (SINCE_MAX_LINES if cutoff else screenful())
     printer = Printer(picked, out, force_terminal)
     if follow_:
-        return follow(plan, picked, targets, printer, err, tail=n, grep=grep, timeout_s=timeout_s)
-    return show(fetch(plan, picked, targets, tail=n, grep=grep, timeout_s=timeout_s), printer, err, since=cutoff)
+        return follow(plan, picked, targets, printer, err, tail=n, grep=grep, timeout_s=timeout_s, since=cutoff)
+    return show(fetch(plan, picked, targets, tail=n, grep=grep, timeout_s=timeout_s), printer, err, since=cutoff,
+                grep=grep)
 
 
 def rank_tails(plan: Plan, names: Sequence[str], targets: dict[str, ssh.Target], *, lines: int,

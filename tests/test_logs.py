@@ -376,3 +376,17 @@ def test_status_verbose_shows_the_last_lines_of_the_failed_ranks_log(cluster, ag
     assert f"  {FAILED}@p1 ({STATE}/logs/{FAILED}.log):\n" in tail and f"    {ERROR_LINE}\n" in tail
     assert "  prefill-2-r0@p2" in tail
     assert took < 4.0 * 2 + 3, took  # the poll's deadline, then the logs' one
+
+
+@needs_nodes
+def test_a_stopped_container_is_named_not_taken_for_missing_logs(cluster, capsys):
+    node = cluster.nodes["p2"]
+    node.set(container="stopped")
+    try:
+        assert main(["logs", *_cli(cluster, "--node", "p2", "--node", "p3", "--tail", "3")]) == 0
+    finally:
+        node.set(container="running")
+    out = capsys.readouterr().out
+    assert ("prefill-2-r0@p2 | -- container ds_v4_flash_yr is not running (false): its logs are inside it "
+            "(docker start ds_v4_flash_yr, or pulumi up)") in out
+    assert "prefill-3-r0@p3 | INFO prefill-3-r0 on p3 ready" in out
