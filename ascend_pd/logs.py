@@ -431,7 +431,8 @@ STATUS_TAIL_RANKS = 8  # ranks shown (a dead 32-rank group: the first of each in
 def status_tails(plan: Plan, rep, timeout_s: float) -> str:
     """`status -v`: the last lines of the broken ranks' logs, read over SSH (the operator's agent and
     ~/.ssh/config, the stack's pinned host keys) within `timeout_s`; "" when no rank is broken."""
-    bad = [r for r in rep.ranks if r.state != "ok" or not r.ok]
+    down = {n.node for n in rep.nodes if n.state == "unreachable"}  # its line in LOGS says where to look
+    bad = [r for r in rep.ranks if (r.state != "ok" or not r.ok) and r.node not in down]
     if not bad:
         return ""
     firsts = list(dict.fromkeys(f"{r.role}-{r.instance}" for r in bad))

@@ -85,7 +85,7 @@ def select(plan: Plan, *, roles: Sequence[str] = (), instances: Sequence[str] = 
 
 
 def logs_command(stack: str, *, rank: str = "", instance: str = "", service: str = "", node: str = "",
-                 tail: Optional[int] = None) -> str:
+                 tail: Optional[int] = None, nodes: Sequence[str] = ()) -> str:
     """The exact command line that shows one thing's logs."""
     argv = [PROG, "logs", "--stack", stack]
     if service:
@@ -94,8 +94,8 @@ def logs_command(stack: str, *, rank: str = "", instance: str = "", service: str
         argv += ["--instance", instance]
     if rank:
         argv += ["--rank", rank]
-    if node:
-        argv += ["--node", node]
+    for n in ([node] if node else []) + list(nodes):
+        argv += ["--node", n]
     if tail is not None:
         argv += ["--tail", str(tail)]
     return shlex.join(argv)
@@ -132,9 +132,14 @@ def runbook_with_logs(stack: str, alert: str, runbook: str) -> str:
 def pointer_lines(plan: Plan, rep) -> list[str]:
     """`status`'s report -> one line per broken rank, worker, etcd or proxy with the command that shows
     its log. A broken instance with every rank broken is one line (--instance), else one per rank."""
-    out: list[str] = []
+    # A node where nothing answers is one line (its container or the node is down): --node shows all of it.
+    down = {n.node: n for n in rep.nodes if n.state == "unreachable"}
+    out = [f"everything on {', '.join(down)} (unreachable): {logs_command(plan.stack, nodes=list(down))}"] \
+        if down else []
     by_instance: dict[str, list] = {}
     for r in rep.ranks:
+        if r.node in down:
+            continue
         if r.state != "ok" or not r.ok:
             by_instance.setdefault(f"{r.role}-{r.instance}", []).append(r)
     sizes = {i.name: len(i.ranks) for i in plan.instances}
@@ -145,11 +150,11 @@ def pointer_lines(plan: Plan, rep) -> list[str]:
         else:
             out += [f"{r.name} ({_STATE_WORDS.get(r.state, r.state)}) on {r.node}: {logs_command(plan.stack, rank=r.name)}" for r in bad]
     for w in rep.workers:
-        if not w.ok:
+        if not w.ok and w.node not in down:
             out.append(f"worker on {w.node}: {logs_command(plan.stack, service='worker', node=w.node)}")
-    if rep.etcd is not None and not rep.etcd.ok:
+    if rep.etcd is not None and not rep.etcd.ok and plan.etcd.node not in down:
         out.append(f"etcd on {plan.etcd.node}: {logs_command(plan.stack, service='etcd')}")
-    if rep.proxy is not None and not rep.proxy.ok:
+    if rep.proxy is not None and not rep.proxy.ok and plan.proxy.node not in down:
         out.append(f"proxy on {plan.proxy.node}: {logs_command(plan.stack, service='proxy')}")
     return out
 

@@ -165,14 +165,15 @@ def test_logs_everything_across_eight_nodes_with_a_node_hung_at_the_banner(clust
     hung = SilentListener(cluster.nodes[victim].address)
     try:
         t0 = time.monotonic()
-        rc = main(["logs", *_cli(cluster, "--tail", "50", "--timeout", "6", "--connect-timeout", "2")])
+        # The deadline is generous for a loaded 2-core machine: the hung node ends at the connect timeout.
+        rc = main(["logs", *_cli(cluster, "--tail", "50", "--timeout", "15", "--connect-timeout", "2")])
         took = time.monotonic() - t0
     finally:
         hung.close()
         cluster.start(victim)
         cluster.wait_ready([victim])
     cap = capsys.readouterr()
-    assert rc == 1 and took < 9, took
+    assert rc == 1 and took < 15 + 3, took
     assert [ln for ln in cap.err.splitlines() if ln.startswith(f"{victim}:")] == [cap.err.strip()]
     assert "not shown: decode-0-r16" in cap.err
     shown = {ln.split(" ", 1)[0] for ln in cap.out.splitlines()}
@@ -189,8 +190,19 @@ def test_grep_selects_lines_on_the_node(cluster, capsys):
     assert "ready" not in out
 
 
+@pytest.fixture
+def reachable(cluster):
+    """A listener on every node's worker port: the nodes count as reachable for status (else it folds
+    everything of a node where nothing answers into one line, and one `--node` command)."""
+    listeners = [SilentListener(w.address.rsplit(":", 1)[0], int(w.address.rsplit(":", 1)[1]))
+                 for w in cluster.plan.workers]
+    yield
+    for x in listeners:
+        x.close()
+
+
 @needs_nodes
-def test_status_points_at_the_failed_rank_and_its_command_shows_the_error(cluster, capsys):
+def test_status_points_at_the_failed_rank_and_its_command_shows_the_error(cluster, reachable, capsys):
     from ascend_pd.status import Timeouts, collect_status
 
     rep = collect_status(cluster.plan, timeouts=Timeouts(connect_s=0.5, request_s=1.0), smoke=False)
@@ -360,7 +372,7 @@ def agent(cluster, monkeypatch):
 
 
 @needs_nodes
-def test_status_verbose_shows_the_last_lines_of_the_failed_ranks_log(cluster, agent):
+def test_status_verbose_shows_the_last_lines_of_the_failed_ranks_log(cluster, reachable, agent):
     from ascend_pd.status import Timeouts, run
 
     buf = io.StringIO()
@@ -376,6 +388,16 @@ def test_status_verbose_shows_the_last_lines_of_the_failed_ranks_log(cluster, ag
     assert f"  {FAILED}@p1 ({STATE}/logs/{FAILED}.log):\n" in tail and f"    {ERROR_LINE}\n" in tail
     assert "  prefill-2-r0@p2" in tail
     assert took < 4.0 * 2 + 3, took  # the poll's deadline, then the logs' one
+
+
+@needs_nodes
+def test_status_folds_the_logs_of_unreachable_nodes_into_one_command(cluster):
+    from ascend_pd.status import Timeouts, collect_status
+
+    rep = collect_status(cluster.plan, timeouts=Timeouts(connect_s=0.5, request_s=1.0), smoke=False)
+    nodes = " ".join(f"--node {n}" for n in cluster.nodes)
+    assert logsources.pointer_lines(cluster.plan, rep) == [
+        f"everything on {', '.join(cluster.nodes)} (unreachable): ascend-pd logs --stack {STACK} {nodes}"]
 
 
 @needs_nodes
