@@ -1344,7 +1344,7 @@ def report_blocks(plan: Plan, rep: StatusReport, *, verbose: bool = False) -> li
     else:
         out += ["", "Requests per instance and KV cache hit rates: no rank's /metrics could be read "
                 "(-v shows the empty tables)"]
-    return out + _problem_blocks(rep, shown) + pointer_blocks(plan, rep)  # the `ascend-pd logs` of what is broken
+    return out + pointer_blocks(plan, rep) + _problem_blocks(rep, shown)  # pointer: `ascend-pd logs` of what is broken
 
 
 def _folded_problems(rep: StatusReport, down: dict[str, NodeStatus]) -> list[Problem]:
