@@ -112,12 +112,31 @@ EXPORTER_DESCRIPTION = (
     "option, or the address cannot be listened on."
 )
 
+LOGS_DESCRIPTION = (
+    "Show the logs of the stack's ranks, openYuanrong workers, etcd and proxy, read over SSH from every node "
+    "at once (doctor's transport and settings) inside the NPU container where the launch scripts write them "
+    "(<stateDir>/logs/). With no selector: everything. --role/--instance/--rank and the services worker, etcd, "
+    "proxy add up; --node narrows. Every line is prefixed with its rank (or service) and node. A node that does "
+    "not answer within --timeout is one line on stderr and the others are shown. -f follows every selected log "
+    "until ^C. Exit 0: every node read; 1: a node could not be read; 2: invalid stack file or selector."
+)
+
+BUNDLE_DESCRIPTION = (
+    "Write one .tar.gz for a support ticket: the plan (render's summary and the stack file), status --json, "
+    "versions, per node the last lines of every log, the container's inspect, the ranks' processes, npu-smi, "
+    "huge pages, memory, disk and a dmesg tail, doctor's NPU and fabric checks, and the stack's keys in etcd. "
+    "A MANIFEST says what each file is and what could not be collected and why. Every node at once within "
+    "--timeout; per file and total size caps. Secrets (the SSH key, tokens, values of secret-looking variables, "
+    "Pulumi secure values) are redacted from every file. Exit 0 when the bundle is written (what is missing is "
+    "in its MANIFEST); 2: invalid stack file or option."
+)
 
 # Every exit code a subcommand can return, in one place: the README's table is checked against it.
 EXIT_CODES = {
     0: "success: nothing failed (status: all healthy; doctor: no failed check; heal: nothing broken or all healed; "
-       "diff: no change; exporter: stopped by SIGTERM)",
-    1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken)",
+       "diff: no change; exporter: stopped by SIGTERM; logs: every node read, -f ended by Ctrl-C; bundle: written)",
+    1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken; "
+       "logs: a node could not be read)",
     2: "the stack file, an option or a path given is invalid; nothing was contacted or changed",
     10: "diff only: the stack file changes something",
     130: "interrupted (Ctrl-C)",
@@ -257,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
                    "~/.ssh/known_hosts)")
     h.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    _logs_parsers(sub)
     x = sub.add_parser(
         "exporter",
         help="serve Prometheus metrics of what no component exports: worker registrations, rollout slots, the proxy, "
@@ -352,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         from .exporter import run as exporter_run
 
         return exporter_run(plan, listen)
+    elif args.command in ("logs", "bundle"):
+        return _logs_or_bundle(plan, args)
     elif args.command == "heal":
         from . import heal
 
@@ -379,6 +401,80 @@ def main(argv: list[str] | None = None) -> int:
         print(rep.text(), end="")
         return 0 if rep.ok else 1
     return 0
+
+
+def _ssh_options(p: argparse.ArgumentParser, timeout_s: float, what: str) -> None:
+    p.add_argument("--identity", metavar="FILE", help="ssh private key (default: ssh-agent and ~/.ssh/config)")
+    p.add_argument("--known-hosts", metavar="FILE",
+                   help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
+                   "~/.ssh/known_hosts)")
+    p.add_argument("--timeout", type=_seconds(1.0, MAX_TIMEOUT_S), metavar="S", default=timeout_s,
+                   help=f"deadline of {what}, every node at once, connection included (default {timeout_s:g})")
+    p.add_argument("--connect-timeout", type=_seconds(1.0, 120.0), metavar="S", default=5.0,
+                   help="ssh connection deadline per node (default 5)")
+    p.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+
+
+def _logs_parsers(sub) -> None:
+    from .bundle import DEFAULT_LINES, DEFAULT_TIMEOUT_S as BUNDLE_TIMEOUT_S
+    from .logs import DEFAULT_TIMEOUT_S
+
+    lg = sub.add_parser("logs", help="the ranks', workers', etcd's and the proxy's logs from every node at once "
+                        "(-f follows them)", description=LOGS_DESCRIPTION)
+    _stack_options(lg)
+    lg.add_argument("services", nargs="*", metavar="SERVICE", help="worker, etcd, proxy (with or without ranks)")
+    lg.add_argument("--role", action="append", default=[], choices=("prefill", "decode"), help="this role's ranks")
+    lg.add_argument("--instance", action="append", default=[], metavar="NAME", help="this instance's ranks "
+                    "(prefill-0; repeatable)")
+    lg.add_argument("--rank", action="append", default=[], metavar="NAME", help="this rank (prefill-0-r1; repeatable)")
+    lg.add_argument("--node", action="append", default=[], metavar="N", help="only what runs on this node (repeatable)")
+    lg.add_argument("--tail", type=_positive_int, metavar="N", default=None,
+                    help="last N lines per source (default: a screenful; with --since up to 10000)")
+    lg.add_argument("--since", metavar="WHEN", help="lines written since: 90s, 10m, 2h, 1d or 2026-12-05T12:00 "
+                    "(by the lines' own timestamps)")
+    lg.add_argument("--grep", metavar="PATTERN", default="", help="only lines matching this extended regex (grep -E)")
+    lg.add_argument("-f", "--follow", action="store_true", help="follow every selected source until ^C")
+    _ssh_options(lg, DEFAULT_TIMEOUT_S, "the read (with -f: until every node answers)")
+    b = sub.add_parser("bundle", help="one .tar.gz for a support ticket: plan, status, versions, every node's logs "
+                       "and facts, etcd keys; secrets redacted", description=BUNDLE_DESCRIPTION)
+    _stack_options(b)
+    b.add_argument("--out", type=Path, metavar="FILE", help="the bundle (default ascend-pd-<stack>-<UTC time>.tar.gz)")
+    b.add_argument("--lines", type=_positive_int, metavar="N", default=DEFAULT_LINES,
+                   help=f"last N lines of every log (default {DEFAULT_LINES})")
+    _ssh_options(b, BUNDLE_TIMEOUT_S, "the whole collection")
+
+
+def _logs_or_bundle(plan, args) -> int:
+    from .ssh import ssh_targets
+
+    targets = ssh_targets(plan, identity_file=args.identity, known_hosts_file=args.known_hosts,
+                          connect_timeout_s=args.connect_timeout)
+    if args.command == "bundle":
+        from .bundle import default_out, make_bundle
+
+        out = args.out or default_out(plan.stack)
+        stack_file = find_stack(args.stack, args.project_dir, stack_file=args.stack_file).stack_file
+        res = make_bundle(plan, targets, out, lines=args.lines, timeout_s=args.timeout, stack_file=stack_file,
+                          log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(f"wrote {out} ({res.size} bytes, {res.files} files, {res.elapsed_s:.1f} s); "
+              f"not collected: {len(res.missing)} (see its MANIFEST)")
+        return 0
+    from .logs import parse_since, run
+    from .logsources import SelectionError, select
+
+    try:
+        picked = select(plan, roles=args.role, instances=args.instance, ranks=args.rank, nodes=args.node,
+                        services=args.services)
+        if args.since:
+            parse_since(args.since)
+    except (SelectionError, ValueError) as exc:
+        print(f"logs: {exc}", file=sys.stderr)
+        return 2
+    if not picked:
+        print("logs: the selectors name nothing that runs on the given node(s)", file=sys.stderr)
+        return 2
+    return run(plan, picked, targets, tail=args.tail, since=args.since, grep=args.grep, follow_=args.follow,
+               timeout_s=args.timeout)
 
 
 def _doctor(plan, args) -> int:

@@ -46,6 +46,7 @@ import requests
 
 from . import scripts
 from .hang import HangTracker
+from .logsources import logs_command
 from .plan import Instance, Plan
 from .shell import in_container
 from .status import Timeouts, collect_status, hang_tracker
@@ -190,16 +191,17 @@ class HealReport:
             lines.append(found + ("" if self.hangs_judged else " that one poll can see (hangs: see the note)"))
         lines += [f"  note: {n}" for n in self.notes]
         for w in self.workers:
-            lines.append(f"  worker {w}")
+            lines.append(f"  worker {w}; logs: {logs_command(self.stack, service='worker', node=w.split(':')[0])}")
         for h in self.instances:
             t = ", ".join(f"{k} {v:.1f}s" for k, v in h.timings.items())
             lines.append(f"  {h.instance}: {h.outcome}" + (f" ({t})" if t else "") + (f": {h.detail}" if h.detail else ""))
             lines += [f"    because {w}" for w in h.why[:MAX_EVIDENCE]]
             if len(h.why) > MAX_EVIDENCE:
                 lines.append(f"    and {len(h.why) - MAX_EVIDENCE} more")
+            lines.append(f"    logs: {logs_command(self.stack, instance=h.instance)}")
         for h in self.left_out:
             lines.append(f"!!! {h.instance} IS OUT OF THE PROXY AND STAYS OUT: {h.detail}. A PERSON MUST LOOK "
-                         f"(its launch logs under stateDir/logs on {h.instance}'s nodes), fix the cause, then run "
+                         f"(its logs: `{logs_command(self.stack, instance=h.instance, tail=200)}`), fix the cause, then run "
                          f"`python -m ascend_pd heal --stack {self.stack} --reset {h.instance}` or `pulumi up` with "
                          f"a new ascend-pd:converge.")
         return "\n".join(lines) + "\n"

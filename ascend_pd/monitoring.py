@@ -53,7 +53,7 @@ worker, rollout, proxy and smoke alerts with the exporter.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -535,7 +535,10 @@ def _exporter_alerts(plan: "Plan", m: Monitoring) -> list[Alert]:
 def alerts(plan: "Plan", monitoring: Monitoring = Monitoring()) -> list[Alert]:
     """Every alert of the stack: the cluster's own, and those of node_exporter and `ascend-pd exporter` where
     they are scraped."""
-    return _cluster_alerts(plan, monitoring) + _node_alerts(plan, monitoring) + _exporter_alerts(plan, monitoring)
+    from .logsources import runbook_with_logs  # every runbook ends in the command that shows the logs
+
+    return [replace(a, runbook=runbook_with_logs(plan.stack, a.name, a.runbook)) for a in
+            _cluster_alerts(plan, monitoring) + _node_alerts(plan, monitoring) + _exporter_alerts(plan, monitoring)]
 
 
 def alert_rules(plan: "Plan", monitoring: Monitoring = Monitoring()) -> dict:

@@ -129,6 +129,9 @@ class FakeCluster:
 
     def __init__(self, stack: str, tmp: Path, first: int = 11):
         self.stack, self.tmp = stack, tmp
+        # More mounts in each node's namespace, `{fake}` for the node's directory (test_logs.py binds it
+        # where the stack's stateDir is).
+        self.extra_setup = ""
         tmp.mkdir(parents=True, exist_ok=True)
         self.key = tmp / "id_ed25519"
         self.host_key = tmp / "host_ed25519"
@@ -200,6 +203,7 @@ class FakeCluster:
             f"mount --bind {node.fake}/ip_local_port_range /proc/sys/net/ipv4/ip_local_port_range\n"
             f"mount --bind {node.fake}/ip_local_reserved_ports /proc/sys/net/ipv4/ip_local_reserved_ports\n"
             "mount -t tmpfs tmpfs /run\nmkdir -p /run/sshd\n"
+            + self.extra_setup.format(fake=node.fake) +
             f"exec {SSHD} -D -e -f {r}/sshd_config\n"
         )
         node.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", setup],

@@ -44,7 +44,7 @@ def poll_text(plan, **kw) -> str:
 
 
 def problem_lines(text: str) -> list[str]:
-    return text.split("\nPROBLEMS (")[1].splitlines()[1:]
+    return text.split("\nPROBLEMS (")[1].split("\n\n")[0].splitlines()[1:]  # up to the LOGS section
 
 
 # ---------------------------------------------------------------------------------------------

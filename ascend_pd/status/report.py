@@ -11,6 +11,7 @@ from typing import Optional
 
 from .. import term
 from ..hang import DEAD, InstanceVerdict
+from ..logsources import pointer_blocks
 from ..plan import ROLES, Plan
 from .judge import collect_status, hang_tracker
 from .metrics import MetricsParseError
@@ -63,7 +64,7 @@ def report_blocks(plan: Plan, rep: StatusReport, *, verbose: bool = False) -> li
     else:
         out += ["", "Requests per instance and KV cache hit rates: no rank's /metrics could be read "
                 "(-v shows the empty tables)"]
-    return out + _problem_blocks(rep, shown)
+    return out + pointer_blocks(plan, rep) + _problem_blocks(rep, shown)  # pointer: `ascend-pd logs` of what is broken
 
 
 def _folded_problems(rep: StatusReport, down: dict[str, NodeStatus]) -> list[Problem]:
@@ -312,6 +313,10 @@ def run(plan: Plan, *, as_json: bool = False, watch: Optional[float] = None, cou
                 if watch and polls:
                     out.write("\n")
                 out.write(_for_terminal(format_table(plan, rep, verbose=verbose)))
+            if verbose and not as_json:  # the last lines of the broken ranks' logs, within the same deadline
+                from ..logs import status_tails
+
+                out.write(_for_terminal(status_tails(plan, rep, timeouts.request_s)))
             out.flush()
             code, polls, previous = rep.exit_code, polls + 1, rep
             if not watch or (count is not None and polls >= count):
