@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 import re
 import tarfile
@@ -168,18 +167,9 @@ class BundleResult:
     missing: list[str] = field(default_factory=list)
 
 
-def _finite(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _status(plan: Plan, timeout_s: float) -> str:
     from .status import Timeouts, collect_status
+    from .status.report import _finite
 
     t = Timeouts(connect_s=min(2.0, timeout_s), request_s=min(5.0, timeout_s), smoke_s=min(10.0, timeout_s))
     return json.dumps(_finite(collect_status(plan, timeouts=t, smoke=False).to_dict()), indent=2)

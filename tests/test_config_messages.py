@@ -96,17 +96,22 @@ def test_a_default_from_pulumi_yaml_names_pulumi_yaml(tmp_path):
         f"Pulumi.yaml:{line}: ascend-pd:converge: must be at least 0 (got -1)")
 
 
-@pytest.mark.parametrize("case", BAD_INPUT_CASES)
-def test_every_bad_input_case_names_the_file(case, tmp_path):
-    """The catalogue of bad stack files (test_bad_input): read through `open_stack`, every problem
-    line starts with the file (and its line, where the setting is written)."""
-    edit = BAD_INPUT_CASES[case][0]
-    content = edit(ORIGINAL)
+def bad_project(case: str, tmp_path: Path) -> Path:
+    """A project directory holding the committed a3 stack file broken as bad-input `case` breaks it."""
+    content = BAD_INPUT_CASES[case][0](ORIGINAL)
     d = tmp_path / "project"
     d.mkdir()
     shutil.copy(PROJECT_DIR / "Pulumi.yaml", d / "Pulumi.yaml")
     path = d / STACK_FILE
     path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    return d
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_CASES)
+def test_every_bad_input_case_names_the_file(case, tmp_path):
+    """The catalogue of bad stack files (test_bad_input): read through `open_stack`, every problem
+    line starts with the file (and its line, where the setting is written)."""
+    d = bad_project(case, tmp_path)
     with pytest.raises(ConfigError) as err:
         open_stack(STACK, d).build_plan()
     assert all(str(p).startswith(STACK_FILE) for p in err.value.problems), str(err.value)
@@ -116,12 +121,7 @@ def test_every_bad_input_case_names_the_file(case, tmp_path):
 def test_diff_names_the_file_and_line_as_render_does(case, tmp_path):
     """`diff` of each bad stack file against the committed one: the same problems, each with the same
     file and line, as `render` (open_stack) prints."""
-    content = BAD_INPUT_CASES[case][0](ORIGINAL)
-    d = tmp_path / "project"
-    d.mkdir()
-    shutil.copy(PROJECT_DIR / "Pulumi.yaml", d / "Pulumi.yaml")
-    path = d / STACK_FILE
-    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    d = bad_project(case, tmp_path)
     with pytest.raises(ConfigError) as err:
         open_stack(STACK, d).build_plan()
     change = compare(STACK, working_tree(STACK, PROJECT_DIR), working_tree(STACK, d))
