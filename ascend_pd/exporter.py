@@ -1,5 +1,6 @@
 """`ascend-pd exporter --stack NAME [--listen HOST:PORT]`: a Prometheus exporter of the cluster facts that
-no component exports itself, read exactly as `status` reads them (its own checks, not a second copy):
+no component exports itself, read and judged exactly as `status` reads and judges them (status.read's
+checks and status.judge's verdicts, not a second copy):
 
 * the openYuanrong workers' registrations in etcd (`status.read._check_registrations`, keys under
   `status.WORKER_PREFIX`): `ascend_pd_worker_registered{node,address}` 1/0 for every planned worker and
@@ -45,8 +46,10 @@ from typing import Callable, Optional
 
 from .config import Monitoring
 from .valuetypes import HOST
-from .plan import ROLES, Plan
+from .plan import Plan
 from .status import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, Timeouts
+from .status.judge import proxy_verdict, registrations, rollout_verdicts, smoke_verdict
+from .status.model import RolloutStatus
 from .status.read import (_check_proxy, _check_registrations, _etcd_call, _etcd_client, _poll, _rollout_keys, _smoke,
                           _why)
 from .status.text import _short
@@ -139,7 +142,7 @@ class Slot:
 @dataclass(frozen=True)
 class Rollout:
     slots: list[Slot]
-    failed: dict[str, str]  # role -> instance whose restart failed
+    roles: list[RolloutStatus]  # status' verdicts: per role with a restart under way or stopped
 
 
 def _lease_held_s(c, lease: int) -> Optional[float]:
@@ -170,7 +173,7 @@ def _check_rollout_slots(plan: Plan, t: Timeouts) -> Rollout:
     finally:
         c.session.close()
     slots = [Slot(k.role, k.instance, ages.get(k.lease)) for k in keys if not k.failed]
-    return Rollout(slots, {k.role: k.instance for k in keys if k.failed})
+    return Rollout(slots, rollout_verdicts(keys))
 
 
 @dataclass(frozen=True)
@@ -291,10 +294,10 @@ class Exporter:
         registered = Family("ascend_pd_worker_registered", "gauge", HELP["worker_registered"])
         unplanned = Family("ascend_pd_workers_unplanned", "gauge", HELP["workers_unplanned"])
         if w_ok:
-            planned = {w.address for w in self.plan.workers}
+            states, others = registrations(self.plan, w_val)
             for w in self.plan.workers:
-                registered.add(int(w.address in w_val), stack=s, node=w.node, address=w.address)
-            unplanned.add(sum(a not in planned for a in w_val), stack=s)
+                registered.add(int(states[w.address] is not None), stack=s, node=w.node, address=w.address)
+            unplanned.add(len(others), stack=s)
         held = Family("ascend_pd_rollout_slot_held_seconds", "gauge", HELP["slot_held"])
         failed = Family("ascend_pd_rollout_failed", "gauge", HELP["rollout_failed"])
         if r_ok:
@@ -305,21 +308,21 @@ class Exporter:
                     ages[key] = max(ages.get(key, 0.0), slot.held_s)
             for (role, instance), age in sorted(ages.items()):
                 held.add(age, stack=s, role=role, instance=instance)
-            for role in ROLES:
-                if role in r_val.failed:
-                    failed.add(1, stack=s, role=role, instance=r_val.failed[role])
+            for role in r_val.roles:
+                if role.failed is not None:
+                    failed.add(1, stack=s, role=role.role, instance=role.failed)
         return [readable, registered, unplanned, held, failed]
 
     def _proxy_families(self, c: Collection) -> list[Family]:
-        s, p = self.plan.stack, self.plan.proxy
-        ok, answer = c.proxy
+        s = self.plan.stack
+        v = proxy_verdict(self.plan, c.proxy)
         up = Family("ascend_pd_proxy_up", "gauge", HELP["proxy_up"])
-        up.add(int(ok), stack=s)
+        up.add(int(c.proxy[0]), stack=s)
         reported = Family("ascend_pd_proxy_instances", "gauge", HELP["proxy_instances"])
         planned = Family("ascend_pd_proxy_instances_planned", "gauge", HELP["proxy_planned"])
-        for role, n in (("prefill", len(p.prefillers)), ("decode", len(p.decoders))):
+        for role, value, n in (("prefill", v.prefill_instances, v.expected_prefill),
+                               ("decode", v.decode_instances, v.expected_decode)):
             planned.add(n, stack=s, role=role)
-            value = answer.get(f"{role}_instances") if ok else None
             if isinstance(value, int) and not isinstance(value, bool):
                 reported.add(value, stack=s, role=role)
         return [up, reported, planned]
@@ -330,10 +333,10 @@ class Exporter:
         """One smoke completion (waits for one in flight to end first: never two at once)."""
         with self._smoke_lock:
             try:
-                latency, _, served_by = _smoke(self.plan, self.smoke_timeouts)
-                ok, reason = True, ""
+                v = smoke_verdict((True, _smoke(self.plan, self.smoke_timeouts)))
             except Exception as exc:  # noqa: BLE001 - every failure is a failed smoke, with its reason
-                ok, reason, latency, served_by = False, _why(exc, self.smoke_timeouts), None, ""
+                v = smoke_verdict((False, _why(exc, self.smoke_timeouts)))
+            ok, reason, latency, served_by = v.ok, v.reason, v.latency_s, v.served_by
             with self._state_lock:
                 st = self.smoke
                 st.runs += 1

@@ -1,5 +1,6 @@
 """Judging: per rank, instance, role, node and cluster, ok/hung/down and why (`collect_status`, which status
-and heal call)."""
+and heal call). The exporter judges what it exports with the same functions (`registrations`,
+`rollout_verdicts`, `proxy_verdict`, `smoke_verdict`): a fact is judged in one place."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ..hang import HUNG, ONE_SHOT_NOTE, SPLIT, HangTracker, InstanceVerdict, Obs
 from ..plan import ROLES, Plan, Rank
 from .model import (NODE_FAIL, NODE_OK, RANK_FAIL, RANK_HUNG, RANK_OK, UNREACHABLE, WORKER_PREFIX, CacheCounters,
                     EtcdStatus, HitRates, HitRateTable, InstanceRequests, NodeStatus, Problem, ProxyStatus, RankStatus,
-                    RequestCounters, SmokeStatus, StatusReport, Timeouts, WorkerStatus)
+                    RequestCounters, RolloutKey, RolloutStatus, SmokeStatus, StatusReport, Timeouts, WorkerStatus)
 from .read import (_check_etcd_health, _check_etcd_members, _check_proxy, _check_rank_health, _check_rank_metrics,
                    _check_rank_models, _check_registrations, _check_rollout, _check_tcp, _poll, _rank_component,
                    _smoke, _unreachable)
@@ -52,15 +53,22 @@ def _unknown_registrations(plan: Plan, results: dict) -> tuple[list[WorkerStatus
     return workers, [], problems
 
 
+def registrations(plan: Plan, registered: dict[str, str]) -> tuple[dict[str, Optional[str]], list[str]]:
+    """Each planned worker's registration state by address (None: not registered), and the registered
+    addresses the plan has no worker on."""
+    planned = {w.address for w in plan.workers}
+    return {w.address: registered.get(w.address) for w in plan.workers}, sorted(a for a in registered if a not in planned)
+
+
 def _worker_verdicts(plan: Plan, results: dict) -> tuple[list[WorkerStatus], list[str], list[Problem]]:
     w_ok, w_val = results[("etcd", "workers")]
     endpoint = plan.etcd.endpoint
     if not w_ok:
         return _unknown_registrations(plan, results)
-    registered: dict[str, str] = w_val
+    states, unplanned = registrations(plan, w_val)
     workers, problems = [], []
     for w in plan.workers:
-        state = registered.get(w.address)
+        state = states[w.address]
         port_ok, port_why = results[("worker", w.address)]
         if state is None:
             ws = WorkerStatus(w.node, w.address, False, None, False,
@@ -75,8 +83,7 @@ def _worker_verdicts(plan: Plan, results: dict) -> tuple[list[WorkerStatus], lis
         workers.append(ws)
         if not ws.ok:
             problems.append(Problem(f"worker {w.node} {w.address}", ws.reason, w.node))
-    planned = {w.address for w in plan.workers}
-    return workers, sorted(a for a in registered if a not in planned), problems
+    return workers, unplanned, problems
 
 
 def _rank_verdict(plan: Plan, r: Rank, results: dict) -> RankStatus:
@@ -141,10 +148,23 @@ def _instance_requests(plan: Plan, ranks: list[RankStatus]) -> list[InstanceRequ
     return out
 
 
-def _proxy_verdict(plan: Plan, results: dict) -> ProxyStatus:
+def rollout_verdicts(keys: list[RolloutKey]) -> list[RolloutStatus]:
+    """Per role with a restart under way or stopped: who holds its slots, whose restart failed."""
+    held: dict[str, list[str]] = {r: [] for r in ROLES}
+    failed: dict[str, str] = {}
+    for k in keys:
+        if k.failed:
+            failed[k.role] = k.instance
+        else:
+            held[k.role].append(k.instance)
+    return [RolloutStatus(r, sorted(held[r]), failed.get(r)) for r in ROLES if held[r] or r in failed]
+
+
+def proxy_verdict(plan: Plan, result: tuple[bool, object]) -> ProxyStatus:
+    """The proxy's /healthcheck (ok, answer or reason) against the plan's rank endpoints."""
     p = plan.proxy
     exp_p, exp_d = len(p.prefillers), len(p.decoders)
-    ok, answer = results[("proxy", "healthcheck")]
+    ok, answer = result
     if not ok:
         return ProxyStatus(p.url, False, None, None, exp_p, exp_d, f"/healthcheck: {answer}")
     n_p, n_d = answer.get("prefill_instances"), answer.get("decode_instances")
@@ -204,19 +224,18 @@ def collect_status(
         if v.state == SPLIT:  # dead and hung ranks are problems of their own already, with node and address
             problems.append(Problem(f"instance {v.instance}", f"broken ({v.state}): " + "; ".join(v.evidence)))
     r_ok, r_val = results[("etcd", "rollout")]
-    rollout = r_val if r_ok else []  # etcd unreadable: its own row says so
+    rollout = rollout_verdicts(r_val) if r_ok else []  # etcd unreadable: its own row says so
     for ro in rollout:
         if ro.failed:
             problems.append(Problem(f"{ro.role} rollout", f"stopped: the restart of {ro.failed} failed; the role's "
                                     f"other restarts wait until it serves again (fix it, then pulumi up)"))
-    proxy_status = _proxy_verdict(plan, results)
+    proxy_status = proxy_verdict(plan, results[("proxy", "healthcheck")])
     if not proxy_status.ok:
         problems.append(Problem(f"proxy {plan.proxy.url}", proxy_status.reason, plan.proxy.node))
     smoke_status = None
     if smoke:
         sok, sv = results[("proxy", "smoke")]
-        smoke_status = (SmokeStatus(True, round(sv[0], 4), sv[1], served_by=sv[2]) if sok
-                        else SmokeStatus(False, None, "", sv))
+        smoke_status = smoke_verdict((sok, sv))
         if not sok:
             # On the proxy's node only when the proxy took no connection; else the P/D path failed.
             where = plan.proxy.node if _unreachable((sok, sv)) else ""
@@ -236,6 +255,12 @@ def collect_status(
         smoke=smoke_status, since_start=since_start, interval=interval, problems=problems,
         instances=instances, hang_note=hang_note, rollout=rollout, nodes=_node_verdicts(plan, results, problems),
     )
+
+
+def smoke_verdict(result: tuple[bool, object]) -> SmokeStatus:
+    """The P/D smoke's (ok, (latency, text, served_by) or reason)."""
+    ok, value = result
+    return SmokeStatus(True, round(value[0], 4), value[1], served_by=value[2]) if ok else SmokeStatus(False, None, "", value)
 
 
 def hang_tracker(plan: Plan) -> HangTracker:

@@ -25,7 +25,7 @@ from ..plan import ROLES, ROLLOUT_FAILED, ROLLOUT_KEY_PREFIX, Plan, Rank
 from ..shell import pd_smoke
 from .metrics import MetricsParseError, _check_counters, parse_prometheus
 from .model import (MAX_BODY_BYTES, MAX_METRICS_BYTES, MAX_THREADS, SMOKE_MAX_TOKENS, WORKER_PREFIX, CacheCounters,
-                    RequestCounters, RolloutKey, RolloutStatus, Timeouts, _pd_counts)
+                    RequestCounters, RolloutKey, Timeouts, _pd_counts)
 from .text import _field, _printable, _short, _size, _snippet
 
 
@@ -370,23 +370,11 @@ def _rollout_keys(plan: Plan, c: etcd3gw.Etcd3Client) -> list[RolloutKey]:
     return out
 
 
-def _rollout_statuses(keys: list[RolloutKey]) -> list[RolloutStatus]:
-    """Per role with a restart under way or stopped: who holds its slots, whose restart failed."""
-    held: dict[str, list[str]] = {r: [] for r in ROLES}
-    failed: dict[str, str] = {}
-    for k in keys:
-        if k.failed:
-            failed[k.role] = k.instance
-        else:
-            held[k.role].append(k.instance)
-    return [RolloutStatus(r, sorted(held[r]), failed.get(r)) for r in ROLES if held[r] or r in failed]
-
-
-def _check_rollout(plan: Plan, t: Timeouts) -> list[RolloutStatus]:
+def _check_rollout(plan: Plan, t: Timeouts) -> list[RolloutKey]:
     """The restart slots and failure marks of the stack's roles (names escaped and shortened)."""
     c = _etcd_client(plan, t)
     try:
-        return _rollout_statuses(_rollout_keys(plan, c))
+        return _rollout_keys(plan, c)
     finally:
         c.session.close()
 
