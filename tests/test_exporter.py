@@ -26,7 +26,7 @@ from ascend_pd.exporter import Exporter, Family, exposition, parse_listen, scrap
 from ascend_pd.monitoring import Monitoring
 from ascend_pd.plan import ROLLOUT_FAILED, rollout_prefix
 from ascend_pd.shell import library, params
-from ascend_pd.status import WORKER_PREFIX, Timeouts, parse_prometheus
+from ascend_pd.status import WORKER_PREFIX, Timeouts, collect_status, parse_prometheus
 from status_support import (
     Blackhole, Procs, Silent, clean_env, have_etcd, plan_of, small_stack, start_etcd, start_proxy, start_ranks,
     wait_until, write_stack,
@@ -336,6 +336,11 @@ def test_worker_registrations(live):
                 frozenset({("node", w2.node), ("address", w2.address)}): 0,
             }
             assert one(samples, "ascend_pd_workers_unplanned") == 1
+            # status judges the same registrations the same way (one judgement: status.judge).
+            rep = collect_status(plan, smoke=False)
+            assert {w.address: w.registered for w in rep.workers} == {w0.address: True, w1.address: True,
+                                                                      w2.address: False}
+            assert rep.unexpected_workers == [unplanned]
             # Deregistered: the next collection (after the 1 s cache) says so.
             c.delete(keys[0])
             c.delete(keys[2])

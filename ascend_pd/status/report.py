@@ -14,9 +14,7 @@ from ..hang import DEAD, InstanceVerdict
 from ..logsources import pointer_blocks
 from ..plan import ROLES, Plan
 from .judge import collect_status, hang_tracker
-from .metrics import MetricsParseError
-from .model import (RANK_HUNG, UNREACHABLE, CacheCounters, EtcdStatus, HitRates, HitRateTable, NodeStatus, Problem,
-                    ProxyStatus, RankStatus, SmokeStatus, StatusReport, Timeouts, WorkerStatus)
+from .model import RANK_HUNG, UNREACHABLE, HitRates, NodeStatus, Problem, RankStatus, StatusReport, Timeouts
 from .text import _printable
 
 
