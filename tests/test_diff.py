@@ -162,6 +162,28 @@ def test_a_prefill_image_replaces_the_prefill_containers_only_rolling():
         **{f"d{i}": "quay.io/ascend/vllm-ascend:v0.20.2rc1" for i in range(4)}}
 
 
+def test_max_unavailable_changed_beside_a_role_image_counts_from_the_next_up():
+    """The old launch's delete drains its instance and takes the restart slot with the old script's
+    `rollout.maxUnavailable`: lowered from 4 to 1 in the same up as a prefill image, all four
+    instances go out at once (measured on the real engine: 575 of 822 requests failed). The report
+    counts the old value and says to change it in an up of its own first; on its own it rolls."""
+    def slots(n):
+        return lambda r: r.update(maxUnavailable=n)
+
+    old = on_decode_node(edited("a2-8node", "rollout", slots(4)))
+    both = on_decode_node(Side("both", {**edited("a2-8node", "rollout", slots(1)).config,
+                                        **{k: v for k, v in edited("a2-8node", "prefill", lambda p: p.update(
+                                            image="quay.io/ascend/vllm-ascend:v0.20.3")).config.items()
+                                           if k == "ascend-pd:prefill"}}))
+    change = compare("a2-8node", old, both)
+    assert (role(change, "prefill").max_unavailable, role(change, "prefill").verdict) == (4, "outage")
+    assert any("change `rollout.maxUnavailable` in an `up` of its own first" in n for n in change.effect.notes)
+    first = on_decode_node(edited("a2-8node", "rollout", slots(1)))
+    alone = compare("a2-8node", first, both)
+    assert (role(alone, "prefill").max_unavailable, role(alone, "prefill").verdict) == (1, "keeps serving (rolling)")
+    assert not any("maxUnavailable" in n for n in alone.effect.notes)
+
+
 def test_a_prefill_image_on_the_etcd_and_proxy_node_is_an_outage():
     """The seed's a2 layout: p0's container also runs etcd and the proxy, which its replacement stops:
     nothing drains through a proxy that is gone, the restart slots go with etcd."""

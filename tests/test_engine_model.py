@@ -71,7 +71,7 @@ def test_a_tuning_flag_updates_the_launches_of_its_role_only(base):
 def test_a_prefill_image_that_replaces_the_etcd_nodes_container_reruns_every_worker(base):
     """etcd runs in p0's container, p0 is a prefill node: a new prefill image replaces etcd (empty
     again) with it. The decode nodes' workers, running on, are updated after the new etcd (their
-    create follows etcd's id), so each finds itself unregistered and restarts into it: measured on
+    create follows etcd's id), and each restarts into it, having joined the old one: measured on
     the real engine, before they followed etcd they stayed unregistered."""
     raw = edited("a2-8node", "prefill", lambda d: d.update(image="quay.io/ascend/vllm-ascend:v0.20.3"))
     steps = plan_up(base["a2-8node"].regs, graph("a2-8node", raw))

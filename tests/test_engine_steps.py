@@ -30,9 +30,9 @@ from ascend_pd.engine.model import plan_up
 
 RECORDS = er.records()
 # The scenarios the issue names, each run by the real engine (tests/realengine/test_scenarios.py).
-EXPECTED = {"decode-flag", "prefill-env", "prefill-image", "vllm-flags", "model-path", "container-shm", "yuanrong-shm", "etcd-moved",
-            "proxy-moved", "node-added", "node-removed", "node-renamed-bare", "node-renamed-alias", "state-dir",
-            "ssh-key-rotated", "converge", "monitoring-threshold"}
+EXPECTED = {"decode-flag", "prefill-env", "prefill-image", "decode-image", "vllm-flags", "model-path", "container-shm",
+            "yuanrong-shm", "etcd-moved", "proxy-moved", "node-added", "node-removed", "node-renamed-bare", "node-renamed-alias", "state-dir",
+            "ssh-key-rotated", "converge", "monitoring-threshold", "rollout-slots"}
 
 
 def graphs(r: er.Record):

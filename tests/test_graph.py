@@ -266,7 +266,8 @@ def test_commands_delete_and_replacement(stack):
         assert reg.property_dependencies["triggers"] == {run.named(f"{node}-container").urn}, reg.name
         assert "triggers[*]" in reg.replace_on_changes
         assert reg.inputs["delete"].startswith("state=$(docker inspect --type container "), reg.name
-        assert f"docker exec -i {plan.cfg.container.name} bash -s" in reg.inputs["create"]
+        # (a worker also passes the etcd it follows: `-e ASCEND_PD_FOLLOWS=<id>`)
+        assert re.search(rf"docker exec -i (-e \S+ )?{plan.cfg.container.name} bash -s", reg.inputs["create"]), reg.name
     for reg in run.of_type(CONTAINER):
         assert reg.delete_before_replace, reg.name
 
@@ -350,13 +351,13 @@ def test_scripts_pass_through_unchanged(stack):
             assert reg.inputs["create"] == shell.on_host(script.create)
             assert reg.inputs["delete"] == shell.on_host(script.delete)
         else:
-            create = reg.inputs["create"]
-            if res_name.endswith("-worker"):  # it follows etcd: a first comment line with etcd's id
+            follows = ""
+            if res_name.endswith("-worker"):  # it follows etcd: etcd's id in the script's environment
                 etcd = run.named(f"{plan.etcd.node}-etcd")
-                follows, create = create.split("\n", 1)
-                assert follows == f"# follows {etcd.id}"
+                follows = etcd.id
+                assert f"docker exec -i -e ASCEND_PD_FOLLOWS={etcd.id} " in reg.inputs["create"]
                 assert etcd.urn in reg.property_dependencies["create"]
-            assert create == shell.in_container(name, script.create)
+            assert reg.inputs["create"] == shell.in_container(name, script.create, follows=follows)
             assert reg.inputs["delete"] == shell.in_container(name, script.delete, delete=True)
 
 

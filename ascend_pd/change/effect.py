@@ -195,6 +195,22 @@ def _drained_replacements(processes: list[Process]) -> list[Process]:
             for p in processes]
 
 
+def _drained_by_old_delete(rank_moves: Sequence[Process], steps: Sequence[Step]) -> bool:
+    """Some of the role's ranks restart by a replaced launch whose old delete drains them."""
+    replaced = {s.name for s in steps if s.op == REPLACE}
+    return any(p.how == ROLLING and p.resource in replaced for p in rank_moves)
+
+
+def _slots(old: Optional[Plan], new: Plan, rank_moves: Sequence[Process], steps: Sequence[Step]) -> int:
+    """The restart slots the role's restarts take: a replaced launch's old delete takes its slot with
+    the old script's `rollout.maxUnavailable` (the engine runs the delete of the state), so a value
+    changed in the same `up` counts for those from the next one (measured on the real engine: 4 -> 1
+    beside a prefill image drained all four prefill instances at once)."""
+    if old is not None and _drained_by_old_delete(rank_moves, steps):
+        return max(old.cfg.rollout.max_unavailable, new.cfg.rollout.max_unavailable)
+    return new.cfg.rollout.max_unavailable
+
+
 def _role(role: str, old: Optional[Plan], new: Plan, processes: Sequence[Process], steps: Sequence[Step],
           timing: Timing) -> RoleEffect:
     moved = {p.node for p in processes if p.kind == "rank" and p.name.startswith(role + "-")}
@@ -209,7 +225,7 @@ def _role(role: str, old: Optional[Plan], new: Plan, processes: Sequence[Process
     rank_moves = [p for p in processes if p.kind == "rank" and p.name.startswith(role + "-")
                   and p.node in new_nodes & old_nodes]
     rolling = all(p.how == ROLLING for p in rank_moves)
-    slots = new.cfg.rollout.max_unavailable
+    slots = _slots(old, new, rank_moves, steps)
     kept = len(new.instances_of(role)) - len(restarting) - len(added)
     down_at_once = min(slots, len(restarting)) if rolling else len(restarting)
     serving = not restarting or kept + len(restarting) - down_at_once >= 1
@@ -424,6 +440,15 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
                          "Only weights of the same architecture and KV layout can work together; for another model, "
                          "take the service down for the change (`rollout.maxUnavailable` >= the instances of each "
                          "role) instead of rolling")
+    late = [r.role for r in roles if r.restarting and old_plan is not None
+            and old_plan.cfg.rollout.max_unavailable != new_plan.cfg.rollout.max_unavailable
+            and _drained_by_old_delete([p for p in processes if p.kind == "rank" and p.name.startswith(r.role + "-")],
+                                       steps)]
+    if late:
+        notes.append(f"`rollout.maxUnavailable` changes from {old_plan.cfg.rollout.max_unavailable} to "
+                     f"{new_plan.cfg.rollout.max_unavailable}, but the replaced launches of {' and '.join(late)} are "
+                     f"drained by their old deletes, which take the restart slots with the old value: change "
+                     f"`rollout.maxUnavailable` in an `up` of its own first")
     notes += _prometheus_notes(steps, old_plan, new_plan)
     fails = [why for _, _, why in conflicts]
     rollout = max((r.duration_s for r in roles if r.rolling and r.restarting), default=0.0)

@@ -13,7 +13,7 @@ Lifecycle rules every Command follows (Pulumi engine and pulumi-command facts, D
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
@@ -85,10 +85,11 @@ def host_command(
     )
 
 
-def _following(follows: Sequence[pulumi.Input[str]], create: str) -> pulumi.Input[str]:
+def _following(follows: Sequence[pulumi.Input[str]], create: Callable[[str], str]) -> pulumi.Input[str]:
+    """create(ids): the create text given the followed resources' ids (one word each)."""
     if not follows:
-        return create
-    return pulumi.Output.all(*follows).apply(lambda ids: f"# follows {' '.join(map(str, ids))}\n{create}")
+        return create("")
+    return pulumi.Output.all(*follows).apply(lambda ids: create(" ".join(map(str, ids))))
 
 
 def container_command(
@@ -105,8 +106,9 @@ def container_command(
     """A script that runs inside the node's NPU container (`docker exec -i <name> bash -s`).
 
     follows: ids of resources on other nodes whose replacement must run this create again (an
-    update, not a replacement: the idempotent script decides what to restart). They go into a
-    comment line of the create, an input built from their outputs.
+    update, not a replacement: the idempotent script decides what to restart). They go into the
+    create (an input built from their outputs) as the script's $ASCEND_PD_FOLLOWS
+    (shell.in_container), so that the script can tell a replacement from a re-run.
 
     triggers: the container id (a new container starts empty, so everything that ran in the old one
     runs again), the node address and the script's identity (see the module docstring), and extra
@@ -125,7 +127,7 @@ def container_command(
     return remote.Command(
         name,
         connection=target.connection,
-        create=_following(follows, in_container(target.name, script.create)),
+        create=_following(follows, lambda ids: in_container(target.name, script.create, follows=ids)),
         delete=in_container(target.name, script.delete, delete=True, host_first=script.delete_on_host_first),
         triggers=[target.id, target.address, *script.identity, *triggers],
         add_previous_output_in_env=False,

@@ -5,12 +5,20 @@ is (re)started: an etcd that restarted empty has lost the registration, and the 
 again for the pool to find it. The script names the etcd it registers in (`EtcdPlan.identity`): a
 change that makes a new, empty etcd (its data dir, its ports, image mode) therefore changes every
 worker's script, and the update that follows restarts the worker into the new etcd.
+
+An etcd replaced with the same identity (its node's container replaced, by a role's image) changes no
+script; the worker's create follows etcd's resource id instead and runs again with the new id in
+$ASCEND_PD_FOLLOWS (shell.in_container). A worker that joined another etcd restarts even when it
+finds itself registered: measured on the real engine, workers that had re-registered on their own
+into the new etcd were unregistered again afterwards (3 of 4, twice), and a restart is what `heal`
+did to repair them. Outside Pulumi (heal, a script run by hand) the variable is empty and the
+check is skipped; a worker of a release before this file was kept adopts the current etcd.
 """
 
 from __future__ import annotations
 
 from ..plan import UNSET_ENV, Plan
-from ..shell import LOG_TAIL, Script, command, fingerprint, header, library, params, source_env_files
+from ..shell import FOLLOWS_ENV, LOG_TAIL, Script, command, fingerprint, header, library, params, source_env_files
 
 WORKER_KILL_GRACE_S = 15  # after dscli stop gave up: TERM, then KILL after this
 WORKER_RETRY_PAUSE_S = 5  # between a worker killed while starting and the next dscli start
@@ -27,7 +35,7 @@ def worker(plan: Plan, node: str) -> Script:
     log = f"{plan.log_dir}/dscli-start.log"
     top = params(
         address=w.address, workdir=w.workdir, run_dir=plan.run_dir, log_dir=plan.log_dir,
-        specfile=f"{plan.run_dir}/worker.spec", log=log, worker_log=w.log, liveness=y.liveness_path,
+        specfile=f"{plan.run_dir}/worker.spec", joinedfile=f"{plan.run_dir}/worker.etcd", log=log, worker_log=w.log, liveness=y.liveness_path,
         etcd_url=plan.etcd.client_url, etcd_identity=plan.etcd.identity,
         stop_timeout_s=y.stop_timeout_s, start_timeout_s=y.start_timeout_s,
         start_attempts=y.start_attempts, log_tail=LOG_TAIL, worker_kill_grace_s=WORKER_KILL_GRACE_S,
@@ -35,12 +43,17 @@ def worker(plan: Plan, node: str) -> Script:
     create = header(plan.stack, node, f"openYuanrong worker {w.address}", converge=plan.cfg.converge) + top \
         + source_env_files(plan.cfg.container.env_files) + library("lib", "worker_lib") + f"""
 mkdir -p "$run_dir" "$log_dir" "$workdir"
+joined=${{{FOLLOWS_ENV}:-}}  # the id of the etcd resource this run follows (empty outside Pulumi)
+same_etcd() {{ [ -z "$joined" ] || [ ! -e "$joinedfile" ] || [ "$(cat "$joinedfile")" = "$joined" ]; }}
 if [ -n "$(worker_pids "$address")" ]; then
-  if [ "$(cat "$specfile" 2>/dev/null)" = {spec} ] && registered "$etcd_url" "$address"; then
+  if [ "$(cat "$specfile" 2>/dev/null)" = {spec} ] && same_etcd && registered "$etcd_url" "$address"; then
+    if [ -n "$joined" ]; then echo "$joined" > "$joinedfile"; fi
     echo "worker $address: already running (pid $(worker_pids "$address" | tr '\\n' ' '))"
     exit 0
   fi
-  if [ "$(cat "$specfile" 2>/dev/null)" = {spec} ]; then
+  if [ "$(cat "$specfile" 2>/dev/null)" = {spec} ] && ! same_etcd; then
+    echo "worker $address: etcd $etcd_identity was replaced since it joined: restarting"
+  elif [ "$(cat "$specfile" 2>/dev/null)" = {spec} ]; then
     echo "worker $address: not registered in etcd $etcd_identity: restarting"
   else
     echo "worker $address: running with older flags: restarting"
@@ -86,17 +99,19 @@ if [ -z "$(worker_pids "$address")" ]; then
   fail_with_log "$worker_log" "worker $address exited right after it became ready"
 fi
 echo {spec} > "$specfile"
+if [ -n "$joined" ]; then echo "$joined" > "$joinedfile"; fi
 echo "worker $address: ready, registered with etcd $etcd_url"
 """
     delete = header(plan.stack, node, f"openYuanrong worker {w.address} (stop, clean)") + params(
-        address=w.address, workdir=w.workdir, specfile=f"{plan.run_dir}/worker.spec", liveness=y.liveness_path,
+        address=w.address, workdir=w.workdir, specfile=f"{plan.run_dir}/worker.spec",
+        joinedfile=f"{plan.run_dir}/worker.etcd", liveness=y.liveness_path,
         stop_timeout_s=y.stop_timeout_s, worker_kill_grace_s=WORKER_KILL_GRACE_S, log_tail=LOG_TAIL) \
         + source_env_files(plan.cfg.container.env_files) + library("lib", "worker_lib") + """
 cd "$workdir" 2>/dev/null || true
 # Its files go only once it is gone (stop_worker fails the delete otherwise).
 stop_worker "$address" "$stop_timeout_s"
 # Stale rocksdb metadata and client logs cause 'key not found' after an unclean stop (seed FAQ).
-rm -rf "$workdir/datasystem" "$HOME/.datasystem" "$liveness" "$specfile"
+rm -rf "$workdir/datasystem" "$HOME/.datasystem" "$liveness" "$specfile" "$joinedfile"
 echo "worker $address: stopped and cleaned"
 """
     return Script("worker", node, "container", create, delete,

@@ -23,7 +23,7 @@ import shlex
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 HERE = Path(__file__).resolve().parent
 
@@ -245,13 +245,21 @@ def managed_start(name: str, run_dir: str, log: str, start: str, grace: int, *, 
 # Transport: what Pulumi (pulumi-command over SSH) runs on the node
 
 
-def in_container(container: str, script: str, *, delete: bool = False, host_first: str = "") -> str:
+FOLLOWS_ENV = "ASCEND_PD_FOLLOWS"  # in the container: the ids of the resources a create follows
+
+
+def in_container(container: str, script: str, *, delete: bool = False, host_first: str = "", follows: str = "") -> str:
     """The script, whole and literal, on `docker exec -i <container> bash -s`'s stdin.
 
     A stopped container (a reboot, `docker stop`) is started first: its processes are gone either
     way, and the scripts converge from there (a create restarts what is dead; a delete cleans up
-    files). A delete finds nothing to do when the container no longer exists."""
+    files). A delete finds nothing to do when the container no longer exists.
+
+    follows: the ids of resources on other nodes this create follows (components.transport), given
+    to the script as $ASCEND_PD_FOLLOWS: a script can tell that one of them was replaced since it
+    last ran (the worker: the etcd it joined)."""
     name = q(container)
+    env = f"-e {FOLLOWS_ENV}={q(follows)} " if follows else ""
     if delete:
         gone = f"{say(f'container {container} is gone: nothing to do')}; exit 0"
     else:
@@ -266,7 +274,7 @@ def in_container(container: str, script: str, *, delete: bool = False, host_firs
         f"  missing) {gone} ;;\n"
         f"  *) {say(f'container {container} is stopped: starting it')}; docker start {name} >/dev/null ;;\n"
         f"esac\n"
-        f"docker exec -i {name} bash -s {heredoc(SCRIPT_DELIMITER, script)}"
+        f"docker exec -i {env}{name} bash -s {heredoc(SCRIPT_DELIMITER, script)}"
     )
 
 

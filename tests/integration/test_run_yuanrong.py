@@ -14,6 +14,7 @@ import pytest
 
 import run_harness as harness
 from ascend_pd.scripts.worker import WORKER_KILL_GRACE_S
+from ascend_pd.shell import FOLLOWS_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -125,6 +126,27 @@ def test_changed_flags_restart_only_that_worker(pool: harness.Cluster):
     assert harness.kv(c, "p1", "set", "after-restart", "v").returncode == 0
     got = harness.kv(c, "p0", "get", "after-restart")
     assert got.stdout.strip() == "v", got.stderr
+
+
+def test_a_worker_that_joined_a_replaced_etcd_restarts_though_registered(pool: harness.Cluster):
+    """Pulumi runs the worker's create again with the new etcd's resource id ($ASCEND_PD_FOLLOWS,
+    components.transport) when etcd was replaced by its node's container: the worker restarts into
+    it even when it finds itself registered. The same id, or no id (heal, a run by hand), keeps it."""
+    c = pool
+    before = {n: the_worker(c, n) for n in c.nodes}
+    # A worker started before the id was kept adopts the etcd it runs with: no restart on upgrade.
+    adopted = c.run("d0", "worker", env={FOLLOWS_ENV: "etcd-1"})
+    assert "already running" in adopted.stdout and the_worker(c, "d0") == before["d0"]
+    assert "already running" in c.run("d0", "worker", env={FOLLOWS_ENV: "etcd-1"}).stdout
+    assert "already running" in c.run("d0", "worker").stdout
+    assert the_worker(c, "d0") == before["d0"]
+    replaced = c.run("d0", "worker", env={FOLLOWS_ENV: "etcd-2"})
+    assert "etcd " in replaced.stdout and "was replaced since it joined: restarting" in replaced.stdout
+    assert "ready, registered" in replaced.stdout
+    assert the_worker(c, "d0") != before["d0"] and not harness.alive(before["d0"])
+    assert {n: the_worker(c, n) for n in c.nodes if n != "d0"} == {n: p for n, p in before.items() if n != "d0"}
+    assert "already running" in c.run("d0", "worker", env={FOLLOWS_ENV: "etcd-2"}).stdout
+    assert sorted(registered(c)) == sorted(addresses(c).values())
 
 
 def test_killed_worker_is_cleaned_by_delete_and_recreated(pool: harness.Cluster):

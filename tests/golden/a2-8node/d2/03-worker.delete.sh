@@ -4,6 +4,7 @@ set -euo pipefail
 address=192.0.2.22:18481
 workdir=/workspace/ascend-pd/yuanrong
 specfile=/workspace/ascend-pd/run/worker.spec
+joinedfile=/workspace/ascend-pd/run/worker.etcd
 liveness=/workspace/liveness
 stop_timeout_s=120
 worker_kill_grace_s=15
@@ -183,5 +184,5 @@ cd "$workdir" 2>/dev/null || true
 # Its files go only once it is gone (stop_worker fails the delete otherwise).
 stop_worker "$address" "$stop_timeout_s"
 # Stale rocksdb metadata and client logs cause 'key not found' after an unclean stop (seed FAQ).
-rm -rf "$workdir/datasystem" "$HOME/.datasystem" "$liveness" "$specfile"
+rm -rf "$workdir/datasystem" "$HOME/.datasystem" "$liveness" "$specfile" "$joinedfile"
 echo "worker $address: stopped and cleaned"

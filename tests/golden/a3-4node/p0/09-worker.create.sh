@@ -6,6 +6,7 @@ workdir=/workspace/ascend-pd/yuanrong
 run_dir=/workspace/ascend-pd/run
 log_dir=/workspace/ascend-pd/logs
 specfile=/workspace/ascend-pd/run/worker.spec
+joinedfile=/workspace/ascend-pd/run/worker.etcd
 log=/workspace/ascend-pd/logs/dscli-start.log
 worker_log=/workspace/ascend-pd/yuanrong/datasystem/logs/datasystem_worker.INFO.log
 liveness=/workspace/liveness
@@ -188,12 +189,17 @@ registered() {  # registered ETCD_URL ADDRESS: 0 if etcd holds the worker's regi
 }
 
 mkdir -p "$run_dir" "$log_dir" "$workdir"
+joined=${ASCEND_PD_FOLLOWS:-}  # the id of the etcd resource this run follows (empty outside Pulumi)
+same_etcd() { [ -z "$joined" ] || [ ! -e "$joinedfile" ] || [ "$(cat "$joinedfile")" = "$joined" ]; }
 if [ -n "$(worker_pids "$address")" ]; then
-  if [ "$(cat "$specfile" 2>/dev/null)" = 694c8bba4d3328c9 ] && registered "$etcd_url" "$address"; then
+  if [ "$(cat "$specfile" 2>/dev/null)" = 694c8bba4d3328c9 ] && same_etcd && registered "$etcd_url" "$address"; then
+    if [ -n "$joined" ]; then echo "$joined" > "$joinedfile"; fi
     echo "worker $address: already running (pid $(worker_pids "$address" | tr '\n' ' '))"
     exit 0
   fi
-  if [ "$(cat "$specfile" 2>/dev/null)" = 694c8bba4d3328c9 ]; then
+  if [ "$(cat "$specfile" 2>/dev/null)" = 694c8bba4d3328c9 ] && ! same_etcd; then
+    echo "worker $address: etcd $etcd_identity was replaced since it joined: restarting"
+  elif [ "$(cat "$specfile" 2>/dev/null)" = 694c8bba4d3328c9 ]; then
     echo "worker $address: not registered in etcd $etcd_identity: restarting"
   else
     echo "worker $address: running with older flags: restarting"
@@ -249,4 +255,5 @@ if [ -z "$(worker_pids "$address")" ]; then
   fail_with_log "$worker_log" "worker $address exited right after it became ready"
 fi
 echo 694c8bba4d3328c9 > "$specfile"
+if [ -n "$joined" ]; then echo "$joined" > "$joinedfile"; fi
 echo "worker $address: ready, registered with etcd $etcd_url"
