@@ -223,6 +223,27 @@ def test_concurrent_scrapes_share_one_collection(tmp_path, monkeypatch):
             frozenset({("role", "prefill")}): 2, frozenset({("role", "decode")}): 1}
 
 
+def test_promtool_accepts_what_the_exporter_serves(tmp_path):
+    """Prometheus' own linter (`promtool check metrics`: names, units, HELP, counters' `_total`) on a real
+    scrape of the exporter, with every family's samples present (a smoke has run: a failed one, as
+    nothing listens). Skips without promtool; fails instead under CI=true, where it must have run."""
+    if not Path(PROMTOOL).exists():
+        why = f"needs {PROMTOOL} (Debian's prometheus package; setup.sh installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {why}")
+        pytest.skip(why)
+    plan = plan_of(stack(tmp_path, DEAD), "test")
+    with exporting(plan, timeouts=QUICK) as (exp, url):
+        assert exp.smoke_once().ok is False
+        text, samples = scrape(url)
+    assert one(samples, "ascend_pd_smoke_total", result="failed") == 1 and one(samples, "ascend_pd_smoke_success") == 0
+    done = promtool_check(text)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), done
+    # The linter is not blind: a counter without `_total` is reported.
+    bad = promtool_check(text.replace("ascend_pd_smoke_total", "ascend_pd_smoke"))
+    assert bad.returncode != 0 and "counter metrics should have \"_total\" suffix" in bad.stdout + bad.stderr, bad
+
+
 def test_a_check_that_raises_is_absent_not_a_500(tmp_path, monkeypatch):
     """A check failing in a way status never anticipated (here a bug in it) is that check's 0: the
     scrape answers 200 with everything else."""
