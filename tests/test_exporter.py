@@ -244,6 +244,33 @@ def test_promtool_accepts_what_the_exporter_serves(tmp_path):
     assert bad.returncode != 0 and "counter metrics should have \"_total\" suffix" in bad.stdout + bad.stderr, bad
 
 
+def test_openmetrics_when_the_scraper_asks_for_it(tmp_path):
+    """Prometheus asks for OpenMetrics first (its Accept header): it gets it, with the same series as the
+    text format (the counter's family is `ascend_pd_smoke`, its series still `ascend_pd_smoke_total`, no
+    `_created`), and `# EOF` at the end; HEAD answers no body; / is the hint and elsewhere 404."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    plan = plan_of(stack(tmp_path, DEAD), "test")
+    accept = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
+    with exporting(plan, timeouts=QUICK) as (exp, url), session() as s:
+        exp.smoke_once()
+        r = s.get(f"{url}/metrics", headers={"Accept": accept}, timeout=30)
+        text, samples = scrape(url)
+        head = s.head(f"{url}/metrics", timeout=30)
+        hint, missing = s.get(f"{url}/", timeout=30), s.get(f"{url}/metricsx", timeout=30)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert r.text.endswith("# EOF\n") and "# TYPE ascend_pd_smoke counter" in r.text.splitlines()
+    families = list(text_string_to_metric_families(r.text))
+    om = {(x.name, tuple(sorted(x.labels.items()))): x.value for f in families for x in f.samples}
+    assert not any(name.endswith("_created") for name, _ in om)
+    # The same series and values as the text format (the collection is cached for CACHE_S, the smoke ran once).
+    text_series = {(name, labels): v for name, ss in samples.items() for labels, v in ss.items()
+                   if name != "ascend_pd_exporter_collect_seconds"}
+    assert {k: v for k, v in om.items() if k[0] != "ascend_pd_exporter_collect_seconds"} == text_series
+    assert (head.status_code, head.content) == (200, b"")
+    assert (hint.status_code, missing.status_code) == (200, 404)
+
+
 def test_a_check_that_raises_is_absent_not_a_500(tmp_path, monkeypatch):
     """A check failing in a way status never anticipated (here a bug in it) is that check's 0: the
     scrape answers 200 with everything else."""
