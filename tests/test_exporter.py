@@ -116,13 +116,13 @@ def test_exposition_escapes_label_values_and_parses_back():
     assert text.splitlines() == [
         "# HELP ascend_pd_rollout_failed A help text with a \\\\ backslash\\nand a newline.",
         "# TYPE ascend_pd_rollout_failed gauge",
-        'ascend_pd_rollout_failed{stack="test",role="prefill",instance="pre\\"fill\\\\0\\nx"} 1',
+        'ascend_pd_rollout_failed{instance="pre\\"fill\\\\0\\nx",role="prefill",stack="test"} 1.0',
         "# HELP ascend_pd_smoke_success No sample yet.",
         "# TYPE ascend_pd_smoke_success gauge",
         "# HELP ascend_pd_smoke_total Counted.",
         "# TYPE ascend_pd_smoke_total counter",
-        'ascend_pd_smoke_total{stack="test",result="ok"} 3',
-        'ascend_pd_smoke_total{stack="test",result="failed"} 0.5',
+        'ascend_pd_smoke_total{result="ok",stack="test"} 3.0',
+        'ascend_pd_smoke_total{result="failed",stack="test"} 0.5',
     ]
     parsed = parse_prometheus(text)
     assert parsed["ascend_pd_rollout_failed"] == {
@@ -607,7 +607,7 @@ def test_cli_serves_where_the_stack_says_and_stops_on_sigterm(tmp_path):
                         "completion through the proxy every 5s\n"), line
         with session() as s:
             r = s.get(f"http://{CLI_LISTEN}/metrics", timeout=30)
-            assert r.status_code == 200 and 'ascend_pd_etcd_readable{stack="ex"} 0' in r.text.splitlines()
+            assert r.status_code == 200 and 'ascend_pd_etcd_readable{stack="ex"} 0.0' in r.text.splitlines()
             r = s.get(f"http://{CLI_LISTEN}/", timeout=30)
             assert (r.status_code, r.text) == (200, "ascend-pd exporter of stack ex: metrics at /metrics\n")
             assert s.get(f"http://{CLI_LISTEN}/nope", timeout=30).status_code == 404
