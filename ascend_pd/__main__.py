@@ -106,7 +106,7 @@ EXPORTER_DESCRIPTION = (
     "Serve Prometheus metrics of what no component exports, read as `status` reads it: the openYuanrong "
     "workers' registrations and the rollout restart slots (their age from the slot's lease) and failure marks "
     "in etcd, the PD proxy's /healthcheck, and a P/D smoke completion through the proxy every "
-    "monitoring.smokeIntervalS seconds. GET /metrics (Prometheus text format), GET / (a hint). A scrape's "
+    "monitoring.smokeIntervalS seconds. GET /metrics (Prometheus text format, or OpenMetrics when asked for), GET / (a hint). A scrape's "
     "requests end within 0.8 x monitoring.scrapeIntervalS (at most 5 s); a failed check is a 0 or an absent "
     "series, never an error answer. Runs until SIGTERM (exit 0) or Ctrl-C (130); exit 2: invalid stack file or "
     "option, or the address cannot be listened on."

@@ -26,13 +26,16 @@ collections. A check that fails is a 0 or an absent series (and one line on stde
 changes), never an HTTP 500 nor the exporter's end. `ascend_pd_exporter_collect_seconds` is how long
 the collection behind the answer took.
 
-Served by the standard library's HTTP server: `GET /metrics` (text format 0.0.4), `GET /` (a one-line
-hint), 404 elsewhere. SIGTERM stops it with exit code 0, Ctrl-C with the command line's 130.
+The families are prometheus_client's (GaugeMetricFamily, CounterMetricFamily) from a collector on a
+registry of the exporter's own (no process or platform metrics), written by the library: `GET /metrics`
+is its WSGI app (text format 0.0.4, or OpenMetrics when the Accept header asks for it, gzip when
+accepted), behind a small dispatcher that adds `GET /` (a one-line hint) and 404 elsewhere, served by
+wsgiref with a thread per request as the library's own `start_wsgi_server` does. SIGTERM stops it with
+exit code 0, Ctrl-C with the command line's 130.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import signal
 import socket
@@ -41,8 +44,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .config import Monitoring
 from .valuetypes import HOST
@@ -57,7 +64,6 @@ from .status.text import _short
 DEFAULT_LISTEN = ("127.0.0.1", 9478)  # without --listen and monitoring.exporter
 CACHE_S = 1.0  # a collection answers the scrapes of the next second too
 SCRAPE_SHARE = 0.8  # of Prometheus' scrape timeout (= monitoring.scrapeIntervalS) a collection may take
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HANDLER_TIMEOUT_S = 10.0  # a client that sends its request slower than this is dropped
 STOP_SMOKE_S = 2.0  # how long stopping waits for a smoke in flight (its thread is a daemon)
 
@@ -82,11 +88,13 @@ def scrape_timeouts(monitoring: Monitoring) -> Timeouts:
 
 
 # ---------------------------------------------------------------------------------------------
-# Text format 0.0.4
+# Families
 
 
 @dataclass
 class Family:
+    """One metric family as the collection builds it; `_metric` makes it prometheus_client's."""
+
     name: str
     type: str  # gauge or counter
     help: str
@@ -96,36 +104,39 @@ class Family:
         self.samples.append((labels, value))
 
 
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def _metric(f: Family) -> Metric:
+    """The library's family of `f`. A counter's family is named without `_total` (OpenMetrics' rule,
+    CounterMetricFamily strips it) and its samples with it: the series stays `ascend_pd_smoke_total`.
+    No `_created` sample is added."""
+    m = CounterMetricFamily(f.name, f.help) if f.type == "counter" else GaugeMetricFamily(f.name, f.help)
+    sample = m.name + "_total" if f.type == "counter" else m.name
+    for labels, value in f.samples:
+        m.add_sample(sample, {k: str(v) for k, v in labels.items()}, value)
+    return m
 
 
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+class _Families(Collector):
+    """A collector of what `families()` gives at each collection."""
+
+    def __init__(self, families: Callable[[], Iterable[Family]]):
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return [_metric(f) for f in self.families()]
 
 
-def _number(value: float) -> str:
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+def _registry(families: Callable[[], Iterable[Family]]) -> CollectorRegistry:
+    """A registry of its own: none of the library's default process and platform collectors, and no
+    collection at registration (auto_describe=False)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return registry
 
 
 def exposition(families: list[Family]) -> str:
-    """The families in Prometheus' text format 0.0.4: `# HELP` and `# TYPE` for each (also when it has no
-    sample now), then its samples; label values escaped (backslash, double quote, newline)."""
-    lines = []
-    for f in families:
-        lines += [f"# HELP {f.name} {_escape_help(f.help)}", f"# TYPE {f.name} {f.type}"]
-        for labels, value in f.samples:
-            body = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in labels.items())
-            lines.append(f"{f.name}{{{body}}} {_number(value)}" if body else f"{f.name} {_number(value)}")
-    return "\n".join(lines) + "\n"
+    """The families in Prometheus' text format 0.0.4, written by prometheus_client: `# HELP` and `# TYPE`
+    for each (also when it has no sample now), then its samples."""
+    return generate_latest(_registry(lambda: families)).decode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +279,11 @@ class Exporter:
             return self._last
 
     def metrics(self) -> str:
-        """The /metrics answer. Each part is built on its own: one that fails (a bug, an odd answer) is
+        """The /metrics answer in text format 0.0.4."""
+        return exposition(self.families())
+
+    def families(self) -> list[Family]:
+        """What a scrape answers. Each part is built on its own: one that fails (a bug, an odd answer) is
         left out and logged, never an error answer."""
         families: list[Family] = []
         try:
@@ -284,7 +299,7 @@ class Exporter:
                 self.log(f"ascend-pd exporter: left out of /metrics: {type(exc).__name__}: {_short(str(exc))}")
         collect = Family("ascend_pd_exporter_collect_seconds", "gauge", HELP["collect"])
         collect.add(round(c.took_s, 6), stack=self.plan.stack)
-        return exposition(families + [collect])
+        return families + [collect]
 
     def _etcd_families(self, c: Collection) -> list[Family]:
         s = self.plan.stack
@@ -399,50 +414,59 @@ class Exporter:
 # HTTP
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "ExporterServer"
-    timeout = HANDLER_TIMEOUT_S
-    protocol_version = "HTTP/1.0"
+def wsgi_app(exporter: Exporter) -> Callable:
+    """prometheus_client's WSGI app at /metrics (it picks the format from the Accept header), a hint at /,
+    404 elsewhere. A failure of the app itself (a bug: the collection has its own nets) is one line in
+    the log and a 500, never a traceback."""
+    metrics = make_wsgi_app(_registry(exporter.families))
 
-    def _answer(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        path = self.path.split("?", 1)[0]
-        exporter = self.server.exporter
+    def app(environ, start_response):
+        path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
         if path == "/metrics":
-            self._answer(200, exporter.metrics().encode(), CONTENT_TYPE)
+            try:
+                body = metrics({**environ, "REQUEST_METHOD": "GET" if method == "HEAD" else method}, start_response)
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                exporter.log(f"ascend-pd exporter: /metrics failed: {type(exc).__name__}: {_short(str(exc))}")
+                code, text = "500 Internal Server Error", "the exporter failed: see its log\n"
+            else:
+                return [] if method == "HEAD" else body
         elif path == "/":
-            self._answer(200, f"ascend-pd exporter of stack {exporter.plan.stack}: metrics at /metrics\n".encode())
+            code, text = "200 OK", f"ascend-pd exporter of stack {exporter.plan.stack}: metrics at /metrics\n"
         else:
-            self._answer(404, b"not found: try /metrics\n")
+            code, text = "404 Not Found", "not found: try /metrics\n"
+        data = text.encode()
+        start_response(code, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))])
+        return [] if method == "HEAD" else [data]
 
-    do_HEAD = do_GET
+    return app
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = HANDLER_TIMEOUT_S  # a client that sends its request slower than this is dropped
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - no access log (Prometheus scrapes every few s)
         pass
 
 
-class ExporterServer(ThreadingHTTPServer):
+class ExporterServer(socketserver.ThreadingMixIn, WSGIServer):
+    """wsgiref's server with a thread per request (the library's start_wsgi_server does the same)."""
+
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], exporter: Exporter):
         self.exporter = exporter
         super().__init__(address, _Handler)
+        self.set_app(wsgi_app(exporter))
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN (a reverse DNS lookup that may hang): not needed.
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
+        self.setup_environ()
 
     def handle_error(self, request, client_address) -> None:
-        # A client that went away mid-answer is no news; anything else is logged in one line, no traceback.
+        # A client that went away or was too slow is no news; anything else is logged in one line, no traceback.
         exc = sys.exc_info()[1]
         if not isinstance(exc, (ConnectionError, socket.timeout, TimeoutError)):
             self.exporter.log(f"ascend-pd exporter: request from {client_address[0]}: {type(exc).__name__}: "
@@ -521,4 +545,4 @@ def run(plan: Plan, listen: Optional[tuple[str, int]] = None, *, out=None, err=N
 
 
 __all__ = ["Exporter", "ExporterServer", "Family", "exposition", "parse_listen", "scrape_timeouts", "serve", "run",
-           "DEFAULT_LISTEN"]
+           "wsgi_app", "DEFAULT_LISTEN"]

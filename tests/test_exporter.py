@@ -116,13 +116,13 @@ def test_exposition_escapes_label_values_and_parses_back():
     assert text.splitlines() == [
         "# HELP ascend_pd_rollout_failed A help text with a \\\\ backslash\\nand a newline.",
         "# TYPE ascend_pd_rollout_failed gauge",
-        'ascend_pd_rollout_failed{stack="test",role="prefill",instance="pre\\"fill\\\\0\\nx"} 1',
+        'ascend_pd_rollout_failed{instance="pre\\"fill\\\\0\\nx",role="prefill",stack="test"} 1.0',
         "# HELP ascend_pd_smoke_success No sample yet.",
         "# TYPE ascend_pd_smoke_success gauge",
         "# HELP ascend_pd_smoke_total Counted.",
         "# TYPE ascend_pd_smoke_total counter",
-        'ascend_pd_smoke_total{stack="test",result="ok"} 3',
-        'ascend_pd_smoke_total{stack="test",result="failed"} 0.5',
+        'ascend_pd_smoke_total{result="ok",stack="test"} 3.0',
+        'ascend_pd_smoke_total{result="failed",stack="test"} 0.5',
     ]
     parsed = parse_prometheus(text)
     assert parsed["ascend_pd_rollout_failed"] == {
@@ -221,6 +221,54 @@ def test_concurrent_scrapes_share_one_collection(tmp_path, monkeypatch):
         assert one(samples, "ascend_pd_proxy_up") == 1
         assert series(samples, "ascend_pd_proxy_instances") == {
             frozenset({("role", "prefill")}): 2, frozenset({("role", "decode")}): 1}
+
+
+def test_promtool_accepts_what_the_exporter_serves(tmp_path):
+    """Prometheus' own linter (`promtool check metrics`: names, units, HELP, counters' `_total`) on a real
+    scrape of the exporter, with every family's samples present (a smoke has run: a failed one, as
+    nothing listens). Skips without promtool; fails instead under CI=true, where it must have run."""
+    if not Path(PROMTOOL).exists():
+        why = f"needs {PROMTOOL} (Debian's prometheus package; setup.sh installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {why}")
+        pytest.skip(why)
+    plan = plan_of(stack(tmp_path, DEAD), "test")
+    with exporting(plan, timeouts=QUICK) as (exp, url):
+        assert exp.smoke_once().ok is False
+        text, samples = scrape(url)
+    assert one(samples, "ascend_pd_smoke_total", result="failed") == 1 and one(samples, "ascend_pd_smoke_success") == 0
+    done = promtool_check(text)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), done
+    # The linter is not blind: a counter without `_total` is reported.
+    bad = promtool_check(text.replace("ascend_pd_smoke_total", "ascend_pd_smoke"))
+    assert bad.returncode != 0 and "counter metrics should have \"_total\" suffix" in bad.stdout + bad.stderr, bad
+
+
+def test_openmetrics_when_the_scraper_asks_for_it(tmp_path):
+    """Prometheus asks for OpenMetrics first (its Accept header): it gets it, with the same series as the
+    text format (the counter's family is `ascend_pd_smoke`, its series still `ascend_pd_smoke_total`, no
+    `_created`), and `# EOF` at the end; HEAD answers no body; / is the hint and elsewhere 404."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    plan = plan_of(stack(tmp_path, DEAD), "test")
+    accept = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
+    with exporting(plan, timeouts=QUICK) as (exp, url), session() as s:
+        exp.smoke_once()
+        r = s.get(f"{url}/metrics", headers={"Accept": accept}, timeout=30)
+        text, samples = scrape(url)
+        head = s.head(f"{url}/metrics", timeout=30)
+        hint, missing = s.get(f"{url}/", timeout=30), s.get(f"{url}/metricsx", timeout=30)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert r.text.endswith("# EOF\n") and "# TYPE ascend_pd_smoke counter" in r.text.splitlines()
+    families = list(text_string_to_metric_families(r.text))
+    om = {(x.name, tuple(sorted(x.labels.items()))): x.value for f in families for x in f.samples}
+    assert not any(name.endswith("_created") for name, _ in om)
+    # The same series and values as the text format (the collection is cached for CACHE_S, the smoke ran once).
+    text_series = {(name, labels): v for name, ss in samples.items() for labels, v in ss.items()
+                   if name != "ascend_pd_exporter_collect_seconds"}
+    assert {k: v for k, v in om.items() if k[0] != "ascend_pd_exporter_collect_seconds"} == text_series
+    assert (head.status_code, head.content) == (200, b"")
+    assert (hint.status_code, missing.status_code) == (200, 404)
 
 
 def test_a_check_that_raises_is_absent_not_a_500(tmp_path, monkeypatch):
@@ -564,7 +612,7 @@ def test_cli_serves_where_the_stack_says_and_stops_on_sigterm(tmp_path):
                         "completion through the proxy every 5s\n"), line
         with session() as s:
             r = s.get(f"http://{CLI_LISTEN}/metrics", timeout=30)
-            assert r.status_code == 200 and 'ascend_pd_etcd_readable{stack="ex"} 0' in r.text.splitlines()
+            assert r.status_code == 200 and 'ascend_pd_etcd_readable{stack="ex"} 0.0' in r.text.splitlines()
             r = s.get(f"http://{CLI_LISTEN}/", timeout=30)
             assert (r.status_code, r.text) == (200, "ascend-pd exporter of stack ex: metrics at /metrics\n")
             assert s.get(f"http://{CLI_LISTEN}/nope", timeout=30).status_code == 404

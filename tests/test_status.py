@@ -121,6 +121,63 @@ def test_parse_prometheus():
             parse_prometheus(bad + "\n")
 
 
+
+def test_parse_reads_what_vllms_library_writes():
+    """vLLM exports with prometheus_client: what that library writes (counters as `x_total` with a
+    `x_created` gauge beside them, histograms, label values it escapes) is what status reads back."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    reg = CollectorRegistry()
+    labels = ["engine", "model_name"]
+    success = Counter("vllm:request_success", "Finished requests.", labels + ["finished_reason"], registry=reg)
+    running = Gauge("vllm:num_requests_running", "Running requests.", labels, registry=reg)
+    e2e = Histogram("vllm:e2e_request_latency_seconds", "E2E latency.", labels, buckets=(0.5, 2.0), registry=reg)
+    model = 'glm "5.1" \\ a\nb'
+    success.labels("0", model, "stop").inc(3)
+    success.labels("1", model, "abort").inc()
+    running.labels("0", model).set(2)
+    e2e.labels("0", model).observe(1.0)
+    s = parse_prometheus(generate_latest(reg).decode())
+    assert s["vllm:request_success_total"] == {
+        (("engine", "0"), ("finished_reason", "stop"), ("model_name", model)): 3.0,
+        (("engine", "1"), ("finished_reason", "abort"), ("model_name", model)): 1.0}
+    assert not any(name.endswith("_created") for name in s), sorted(s)
+    assert metric_sum(s, "vllm:num_requests_running") == 2
+    assert s["vllm:e2e_request_latency_seconds_bucket"][(("engine", "0"), ("le", "2.0"), ("model_name", model))] == 1
+    assert metric_sum(s, "vllm:e2e_request_latency_seconds_count") == 1
+
+
+def test_where_the_library_parser_differs_from_the_hand_written_one():
+    """prometheus_client's parser (which status now uses) against the hand-written one it replaced, on
+    what vLLM never serves (prometheus_client writes one value per sample, no timestamp, each label
+    once, every name and TYPE line valid): the differences are taken as the library has them."""
+    # Accepted now: fields after the value (the first is the value, the last the timestamp), quoted
+    # UTF-8 names, and a counter family written without `_total` is read as OpenMetrics names it.
+    assert parse_prometheus("x 1 2 3\n") == {"x": {(): 1.0}}
+    assert parse_prometheus('{"my.metric",a="1"} 1\n') == {"my.metric": {(("a", "1"),): 1.0}}
+    assert parse_prometheus("# TYPE x counter\nx 3\n") == {"x_total": {(): 3.0}}
+    # Refused now: a label given twice, Python's digit separators, a TYPE line without a type.
+    for bad in ('x{a="1",a="2"} 1', "x 1_000", "# TYPE x"):
+        with pytest.raises(MetricsParseError, match=r"^bad (sample|comment) line "):
+            parse_prometheus(bad + "\n")
+    # The same both ways: a number too big for a float is inf (and refused as a counter elsewhere).
+    assert parse_prometheus("x " + "9" * 500 + "\n") == {"x": {(): math.inf}}
+
+
+def test_a_line_too_long_to_parse_in_time_is_refused_at_once():
+    """The library's parser costs the square of a line's length: a 4 MiB line would hold the read past
+    any deadline, so a line over MAX_LINE_CHARS is refused by number before it is parsed."""
+    from ascend_pd.status.metrics import MAX_LINE_CHARS
+
+    fine = "x{" + ",".join(f'a{i}="1"' for i in range(MAX_LINE_CHARS // 10)) + "} 1"
+    assert len(fine) <= MAX_LINE_CHARS and parse_prometheus(fine + "\n")["x"]
+    long = "x{" + ",".join(f'a{i}="1"' for i in range(4 * 1024 * 1024 // 10)) + "} 1"
+    t0 = time.monotonic()
+    with pytest.raises(MetricsParseError, match=rf"^line 2 is longer than {MAX_LINE_CHARS} characters: 'x{{a0="):
+        parse_prometheus("ok 1\n" + long + "\n", deadline=time.monotonic() + 60)
+    assert time.monotonic() - t0 < 5
+
+
 def test_decode_ranks_have_no_effective_rate():
     """Decode's external hits are KV transferred from prefill: 403 of them over 3 local queries
     would read as 13433 % "effective"; the prompt side alone gets an effective rate."""
