@@ -71,9 +71,9 @@ PROXY_ENV = {"http_proxy": DEAD_PROXY, "https_proxy": DEAD_PROXY, "HTTP_PROXY": 
 
 # Stand-in for `docker` on a node, with the container's state in $FAKE_DOCKER_STATE (a file holding
 # `running` or `stopped`; no file: no such container; the harness creates it `running`):
-#   docker exec -i NAME CMD...     runs CMD here (stdin passed on) with FAKE_CONTAINER=<node> in its
-#                                  environment, or fails like docker when the container is stopped
-#                                  or missing;
+#   docker exec -i [-e VAR=VALUE]... NAME CMD...   runs CMD here (stdin passed on) with
+#                                  FAKE_CONTAINER=<node> and each VAR=VALUE in its environment, or
+#                                  fails like docker when the container is stopped or missing;
 #   docker inspect --type container --format '{{.State.Running}}' NAME   true / false / No such container;
 #   docker start NAME              marks it running;
 #   docker stop [-t S] NAME        kills the processes of the container NAME (the node's, which is
@@ -87,7 +87,14 @@ name() { for a in "$@"; do last=$a; done; echo "$last"; }
 case "${1:-}" in
   exec)
     shift
-    while [ "${1:-}" = -i ] || [ "${1:-}" = -t ]; do shift; done
+    envs=()
+    while :; do
+      case "${1:-}" in
+        -i|-t) shift ;;
+        -e) envs+=("$2"); shift 2 ;;
+        *) break ;;
+      esac
+    done
     case "$state" in
       running) ;;
       stopped) echo "Error response from daemon: container $1 is not running" >&2; exit 1 ;;
@@ -95,7 +102,7 @@ case "${1:-}" in
     esac
     shift  # the container name
     # Everything started in "the container" carries its name: what a container stop kills.
-    exec env FAKE_CONTAINER="${FAKE_DOCKER_NODE:?}" "$@" ;;
+    exec env FAKE_CONTAINER="${FAKE_DOCKER_NODE:?}" ${envs[@]+"${envs[@]}"} "$@" ;;
   inspect)
     case "$state" in
       running) echo true ;;
