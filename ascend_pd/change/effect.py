@@ -195,18 +195,14 @@ def _drained_replacements(processes: list[Process]) -> list[Process]:
             for p in processes]
 
 
-def _drained_by_old_delete(rank_moves: Sequence[Process], steps: Sequence[Step]) -> bool:
-    """Some of the role's ranks restart by a replaced launch whose old delete drains them."""
-    replaced = {s.name for s in steps if s.op == REPLACE}
-    return any(p.how == ROLLING and p.resource in replaced for p in rank_moves)
-
-
 def _slots(old: Optional[Plan], new: Plan, rank_moves: Sequence[Process], steps: Sequence[Step]) -> int:
-    """The restart slots the role's restarts take: a replaced launch's old delete takes its slot with
-    the old script's `rollout.maxUnavailable` (the engine runs the delete of the state), so a value
-    changed in the same `up` counts for those from the next one (measured on the real engine: 4 -> 1
-    beside a prefill image drained all four prefill instances at once)."""
-    if old is not None and _drained_by_old_delete(rank_moves, steps):
+    """The restart slots the role's restarts take. A replaced launch's old delete drains its instance and
+    takes the slot with the old script's `rollout.maxUnavailable` (the engine runs the delete of the
+    state), so a value changed in the same `up` counts for those from the next one (measured on the real
+    engine: 4 -> 1 beside a prefill image drained all four prefill instances at once). The larger of the
+    two bounds how many are out at once."""
+    replaced = {s.name for s in steps if s.op == REPLACE}
+    if old is not None and any(p.how == ROLLING and p.resource in replaced for p in rank_moves):
         return max(old.cfg.rollout.max_unavailable, new.cfg.rollout.max_unavailable)
     return new.cfg.rollout.max_unavailable
 
@@ -440,10 +436,8 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
                          "Only weights of the same architecture and KV layout can work together; for another model, "
                          "take the service down for the change (`rollout.maxUnavailable` >= the instances of each "
                          "role) instead of rolling")
-    late = [r.role for r in roles if r.restarting and old_plan is not None
-            and old_plan.cfg.rollout.max_unavailable != new_plan.cfg.rollout.max_unavailable
-            and _drained_by_old_delete([p for p in processes if p.kind == "rank" and p.name.startswith(r.role + "-")],
-                                       steps)]
+    # A role whose restart slots are not the new value's: its replaced launches drain with the old one (_slots).
+    late = [r.role for r in roles if r.restarting and r.max_unavailable != new_plan.cfg.rollout.max_unavailable]
     if late:
         notes.append(f"`rollout.maxUnavailable` changes from {old_plan.cfg.rollout.max_unavailable} to "
                      f"{new_plan.cfg.rollout.max_unavailable}, but the replaced launches of {' and '.join(late)} are "
