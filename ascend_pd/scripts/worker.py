@@ -32,10 +32,12 @@ def worker(plan: Plan, node: str) -> Script:
     # without proxy variables: the worker's gRPC etcd client honours http_proxy.
     start = command(w.argv, head=w.argv.index("-w") + 1, unset=UNSET_ENV)
     spec = fingerprint(start)
+    # Its create and delete name the same files: the running spec, and the etcd it joined.
+    files = dict(specfile=f"{plan.run_dir}/worker.spec", joinedfile=f"{plan.run_dir}/worker.etcd")
     log = f"{plan.log_dir}/dscli-start.log"
     top = params(
         address=w.address, workdir=w.workdir, run_dir=plan.run_dir, log_dir=plan.log_dir,
-        specfile=f"{plan.run_dir}/worker.spec", joinedfile=f"{plan.run_dir}/worker.etcd", log=log, worker_log=w.log, liveness=y.liveness_path,
+        **files, log=log, worker_log=w.log, liveness=y.liveness_path,
         etcd_url=plan.etcd.client_url, etcd_identity=plan.etcd.identity,
         stop_timeout_s=y.stop_timeout_s, start_timeout_s=y.start_timeout_s,
         start_attempts=y.start_attempts, log_tail=LOG_TAIL, worker_kill_grace_s=WORKER_KILL_GRACE_S,
@@ -103,8 +105,7 @@ if [ -n "$joined" ]; then echo "$joined" > "$joinedfile"; fi
 echo "worker $address: ready, registered with etcd $etcd_url"
 """
     delete = header(plan.stack, node, f"openYuanrong worker {w.address} (stop, clean)") + params(
-        address=w.address, workdir=w.workdir, specfile=f"{plan.run_dir}/worker.spec",
-        joinedfile=f"{plan.run_dir}/worker.etcd", liveness=y.liveness_path,
+        address=w.address, workdir=w.workdir, **files, liveness=y.liveness_path,
         stop_timeout_s=y.stop_timeout_s, worker_kill_grace_s=WORKER_KILL_GRACE_S, log_tail=LOG_TAIL) \
         + source_env_files(plan.cfg.container.env_files) + library("lib", "worker_lib") + """
 cd "$workdir" 2>/dev/null || true
