@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if args.command in ("render", "doctor"):  # before a deploy: what the images' release will not read
+        for problem in plan.warnings:
+            print(f"warning: {problem}", file=sys.stderr)
     if args.command == "render":
         from . import term
         from .render import summary_blocks, write_scripts

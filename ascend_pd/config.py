@@ -10,17 +10,20 @@ Nothing here imports pulumi: the same models load a stack file for `render` and 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Sequence, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .valuetypes import (SECONDS, AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey,
                          HostPort, ImageRef, Interleave, IPv4, ModelName, Name, Nic, OwnedFile, OwnedPath, Port,
-                         PythonIdentifier, PythonModule, Seconds, Settings, SoftwareVersion, SshUser, Text, Word,
+                         PythonIdentifier, PythonModule, ReleaseName, Seconds, Settings, SoftwareVersion, SshUser, Text, Word,
                          WorkerFlagKey)
 
 PROJECT = "ascend-pd"
 MONITORING_DIR = "monitoring"  # render --out <out> writes under <out>/monitoring
+
+# AscendStoreConnector's storage backend for the KV pool: the openYuanrong Datasystem workers.
+KV_POOL_BACKEND = "yuanrong"
 
 # NPUs per server of each supported hardware profile (Atlas 800I A2: 8 x 64 GB; Atlas 800 A3: 16 dies).
 HARDWARE_NPUS = {"atlas-800i-a2": 8, "atlas-800-a3": 16}
@@ -206,6 +209,19 @@ class Vllm(_Model):
         "Flag names (without `--`) that `vllm.flags`, `prefill.flags` and `decode.flags` may use although "
         "ascend-pd does not know them: a flag of a newer vLLM or of a plugin. Any other name that `vllm serve` "
         "of the pinned releases does not accept is refused, with the closest known flag."))
+
+
+class VllmAscend(_Model):
+    """Which vllm-ascend release the images run: every rank's command is checked against its facts."""
+
+    release: Optional[ReleaseName] = Field(None, description=(
+        "The vllm-ascend release of the images whose tags do not name one (an image pinned by digest, a private "
+        "tag), e.g. `0.23.0.post1`. The release picks the facts every rank's command, the proxy and the worker "
+        "wheel are checked against before anything deploys (`ascend_pd/data/releases/`). Unset: each image's tag "
+        "names it (`v0.20.2rc1`, `v0.18.0-a3`)."))
+    strict: bool = Field(False, description=(
+        "Refuse what the release checks only warn about: a flag key or environment variable the release does not "
+        "read, a key at the wrong level of `additional-config`, a deprecated value."))
 
 
 class Role(_Model):
@@ -525,6 +541,9 @@ class StackConfig(_Model):
     model: Model = Field(description="The model weights every rank loads and the name clients ask for.")
     vllm: Vllm = Field(default_factory=Vllm, description=(
         "vLLM settings shared by both roles; each role's own `flags` and `env` override them."))
+    vllm_ascend: VllmAscend = Field(default_factory=VllmAscend, description=(
+        "The vllm-ascend release the images run, and how strictly the stack is held to it "
+        "(docs/reference.md, \"Release checks\")."))
     prefill: Role = Field(description="The prefill role: DP instances that compute the prompts' KV cache and send it "
                                       "to decode through Mooncake (`kv_producer`).")
     decode: Role = Field(description="The decode role: DP instances that receive the KV cache from prefill through "
@@ -581,6 +600,13 @@ class StackConfig(_Model):
         if self.yuanrong.rh2d_device_ids and self.hardware == "atlas-800i-a2":
             return MIN_DRIVER_RH2D
         return MIN_DRIVER[self.hardware]
+
+
+def node_image(cfg: StackConfig, roles: Sequence[str]) -> str:
+    """The image of a node's NPU container: that of the role it serves (a node serves at most one),
+    else container.image (a node with only etcd or the proxy)."""
+    return next((getattr(cfg, r).image for r in ("prefill", "decode") if r in roles and getattr(cfg, r).image),
+                cfg.container.image)
 
 
 def step_name(step: Union[PipStep, PatchStep]) -> str:

@@ -16,6 +16,7 @@ flat map the Pulumi CLI hands over has no file, so its problems name the setting
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -30,7 +31,7 @@ from .config import PROJECT, SECRET_KEYS, StackConfig, setting_names
 from .errors import (ConfigError, Problem, Source, did_you_mean, from_validation_error, setting,
                      unknown_setting_fix)
 from .valuetypes import unsafe_reason
-from .vllm_flags import RELEASES, closest_flag, known_flags
+from .vllm_flags import closest_flag, known_flags, releases_label
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -456,7 +457,7 @@ def _unknown_vllm_flags(data: dict) -> list[Problem]:
             near = closest_flag(name)
             guess = f"did you mean '{near}'? If" if near else "check the spelling (`vllm serve --help` lists the " \
                 "flags); if"
-            out.append(Problem(setting(section, "flags", key), f"is not a flag of `vllm serve` ({RELEASES})",
+            out.append(Problem(setting(section, "flags", key), f"is not a flag of `vllm serve` ({releases_label()})",
                                f"{guess} the flag is right (a newer vLLM, a plugin), allow it with "
                                f"`{PROJECT}:vllm.allowUnknownFlags: [{name}]`"))
     return out
@@ -503,9 +504,10 @@ class Stack:
         from .plan import build_plan
 
         try:
-            return build_plan(self.config, self.name)
+            plan = build_plan(self.config, self.name)
         except ConfigError as exc:
             raise self.source.locate(exc) from None
+        return dataclasses.replace(plan, warnings=tuple(self.source.locate(ConfigError(list(plan.warnings))).problems))
 
 
 def open_stack(stack: Optional[str] = None, project_dir: Optional[Path] = None, *,

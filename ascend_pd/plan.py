@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
-from .config import Role, StackConfig
-from .errors import ConfigError
+from .config import KV_POOL_BACKEND, Role, StackConfig, node_image
+from .releases import check as check_releases
+from .errors import ConfigError, Problem
 from .plan_checks import (  # noqa: F401 (what the plan derives; imported from here by scripts, docs, status)
     DERIVED_ENV, DERIVED_FLAGS, DERIVED_WORKER_FLAGS, MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_PER_DEVICE, ROLES,
     UDS_PATH_MAX, UDS_SUFFIX, WORKER_SUBDIR, _validate, mooncake_direct_range,
@@ -168,6 +169,9 @@ class Plan:
     etcd: EtcdPlan
     workers: tuple[WorkerPlan, ...]
     proxy: ProxyPlan
+    # What the releases the images run do not read or warn about (releases.check): said by render, diff
+    # and the program under `pulumi preview`; vllmAscend.strict makes them errors instead.
+    warnings: tuple[Problem, ...] = ()
 
     @property
     def ranks(self) -> tuple[Rank, ...]:
@@ -260,7 +264,7 @@ def kv_transfer_config(cfg: StackConfig, role: str, instance: int, dp_rank: int)
         "kv_connector_extra_config": {
             # Names an IPC socket together with the DP rank: prefill and decode must differ on a host.
             "lookup_rpc_port": "0" if role == "prefill" else str(dp_rank),
-            "backend": "yuanrong",
+            "backend": KV_POOL_BACKEND,
         },
     }
     parent: dict = {"kv_connector": "MultiConnector", "kv_role": kv_role}
@@ -397,14 +401,11 @@ def rollout_prefix(stack: str, role: str) -> str:
     return f"{ROLLOUT_KEY_PREFIX}/{stack}/{role}/"
 
 
-def node_image(cfg: StackConfig, roles: Sequence[str]) -> str:
-    """The image of a node's NPU container: that of the role it serves (a node serves at most one),
-    else container.image (a node with only etcd or the proxy)."""
-    return next((getattr(cfg, r).image for r in ROLES if r in roles and getattr(cfg, r).image), cfg.container.image)
-
-
 def build_plan(cfg: StackConfig, stack: str) -> Plan:
-    problems = _validate(cfg)
+    """The plan, or a ConfigError with every problem of the settings and of the releases the images run
+    (ascend_pd/releases.py); the releases' warnings ride along as `Plan.warnings`."""
+    release_errors, warnings = check_releases(cfg)
+    problems = _validate(cfg) + release_errors
     if problems:
         raise ConfigError(problems)
     nodes = {n.name: n for n in cfg.nodes}
@@ -455,7 +456,7 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     )
     workers = tuple(_worker(cfg, n, etcd) for n in cfg.nodes)
     return Plan(stack=stack, cfg=cfg, nodes=node_plans, instances=instances, etcd=etcd,
-                workers=workers, proxy=proxy)
+                workers=workers, proxy=proxy, warnings=tuple(warnings))
 
 
 __all__ = [

@@ -37,5 +37,7 @@ def main() -> None:
         plan = build_plan(load_config(stack_settings()), pulumi.get_stack())
     except ConfigError as exc:
         raise pulumi.RunError(str(exc)) from None
+    for problem in plan.warnings:  # settings the images' release does not read (vllmAscend.strict refuses them)
+        pulumi.log.warn(f"{problem}")
     for name, value in deploy(plan, private_key=pulumi.Config().get_secret("sshPrivateKey")).items():
         pulumi.export(name, value)

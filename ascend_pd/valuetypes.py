@@ -116,6 +116,9 @@ Interleave = Annotated[Text, _pattern(r"all|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*
 # CANN and driver (HDK) releases: `8.5.0`, `25.2.3`, and the RC spellings `8.0.RC2`, `23.0.rc3`.
 SoftwareVersion = Annotated[Text, _pattern(r"[0-9]+(\.[0-9]+|\.[Rr][Cc][0-9]+){1,3}", "'8.5.0' or '8.0.RC2'"),
                             Kind("version", "dotted release numbers, e.g. `8.5.0` or `8.0.RC2`")]
+# vllm-ascend releases as PyPI spells them: `0.18.0`, `0.20.2rc1`, `0.23.0.post1`.
+ReleaseName = Annotated[Text, _pattern(r"[0-9]+\.[0-9]+\.[0-9]+(rc[0-9]+)?(\.post[0-9]+)?", "'0.23.0.post1' or '0.20.2rc1'"),
+                        Kind("release", "a vllm-ascend release as PyPI names it, e.g. `0.23.0.post1` or `0.20.2rc1`")]
 EtcdVersion = Annotated[Text, _pattern(r"v[0-9]+\.[0-9]+\.[0-9]+", "'v3.5.12'"),
                         Kind("etcd version", "an etcd release tag, e.g. `v3.5.12`")]
 # No quotes or backslashes either: the name goes into JSON request bodies the scripts write.

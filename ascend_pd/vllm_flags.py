@@ -1,22 +1,21 @@
-"""The flag names `vllm serve` accepts, so a misspelled tuning flag is refused before a deploy
-instead of by every rank's argument parser after its container started (data/vllm_flags.txt says
-which releases and how the list was made)."""
+"""The flag names `vllm serve` accepts in some release ascend-pd knows, so a misspelled tuning flag is
+refused before a deploy instead of by every rank's argument parser after its container started. The
+lists are the releases' own (data/releases/, `serve_flags`); a role is further held to the list of the
+release its image runs (releases.py)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
-
 from .errors import did_you_mean
-
-FLAGS_FILE = Path(__file__).resolve().parent / "data" / "vllm_flags.txt"
-RELEASES = "vLLM 0.18.0 and 0.20.2"  # = the header of FLAGS_FILE
+from .releases import all_serve_flags, vllm_versions
 
 
-@lru_cache(maxsize=1)
 def known_flags() -> frozenset[str]:
-    lines = FLAGS_FILE.read_text(encoding="utf-8").splitlines()
-    return frozenset(ln.strip() for ln in lines if ln.strip() and not ln.startswith("#"))
+    return all_serve_flags()
+
+
+def releases_label() -> str:
+    """`vLLM 0.18.0, 0.20.2 and 0.23.0`: whose flags known_flags holds."""
+    return vllm_versions()
 
 
 def closest_flag(name: str) -> str | None:

@@ -2,79 +2,65 @@
 """The release's PD proxy script, for the integration tests: fetched, never copied into the repo.
 
 vLLM-Ascend ships `examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py` in its
-source distribution on PyPI. `setup.sh` runs `python tests/proxy_release.py fetch`: for each release a
-stack's image runs it downloads that sdist through PyPI's simple index (PEP 503), checks the sha256
-pinned below, and extracts that one file, unedited, to ~/.cache/ascend-pd/proxy/<version>/. The tests
-run it from there with the argv the plan renders (tests/integration/run_harness.py).
-
-To follow a new image: add its version and the sdist's sha256 (the `#sha256=` of its link on
-https://pypi.org/simple/vllm-ascend/), and point the stack's test at it.
+source distribution on PyPI. `setup.sh` runs `python tests/proxy_release.py fetch`: for every release
+ascend-pd knows (tools/release_facts/fetch.py `PINS`, sha256-pinned) it takes that one file, unedited,
+from the sdist (downloaded once, checked, into ~/.cache/ascend-pd/releases/) and copies it to
+~/.cache/ascend-pd/proxy/<version>/. Its sha256 must equal what the release's facts file records
+(ascend_pd/data/releases/<version>.json). The tests run it from there with the argv the plan renders
+(tests/integration/run_harness.py), picking the release the stack's image runs.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
+import json
 import os
-import re
+import shutil
 import sys
-import tarfile
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script (setup.sh): tools/ is beside tests/
+    sys.path.insert(0, str(ROOT))
+
+from tools.release_facts.fetch import PINS, source_tree  # noqa: E402
+
 MEMBER = "examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
-# version -> sha256 of vllm_ascend-<version>.tar.gz; which stack runs it (its image's tag)
-RELEASES = {
-    "0.20.2rc1": "8ebd5c5b2ef5009baae1c5ddee390a0fe2821ef31aa33312a0b491f5b5185797",  # a2-8node
-    "0.18.0": "8df042cfaae06fab993bff5f38bb45097634c3f398b2cf74e068347abdddb344",  # a3-4node
-}
-STACK_RELEASE = {"a2-8node": "0.20.2rc1", "a3-4node": "0.18.0"}
+RELEASES = tuple(PINS)
+STACK_RELEASE = {"a2-8node": "0.20.2rc1", "a3-4node": "0.18.0"}  # what each committed stack's image runs
 SCRIPT_NAME = Path(MEMBER).name
-INDEX = os.environ.get("ASCEND_PD_PYPI_SIMPLE", "https://pypi.org/simple").rstrip("/")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ascend-pd" / "proxy"
+FACTS = ROOT / "ascend_pd" / "data" / "releases"
 
 
 def script_path(version: str) -> Path:
-    return CACHE / version / Path(MEMBER).name
+    return CACHE / version / SCRIPT_NAME
 
 
-def for_stack(stack: str) -> Path:
-    """The fetched script of the release `stack`'s image runs; a clear error if setup has not run."""
-    path = script_path(STACK_RELEASE[stack])
+def for_release(version: str) -> Path:
+    """The fetched script of a release; a clear error if setup has not run."""
+    path = script_path(version)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run `bash setup.sh` (or `venv/bin/python tests/proxy_release.py fetch`)")
     return path
 
 
-def _sdist_url(version: str) -> str:
-    name = f"vllm_ascend-{version}.tar.gz"
-    with urllib.request.urlopen(f"{INDEX}/vllm-ascend/", timeout=60) as r:
-        page = r.read().decode()
-    for href in re.findall(r'href="([^"]+)"', page):
-        if href.split("#")[0].endswith("/" + name) or href.split("#")[0] == name:
-            return urllib.parse.urljoin(f"{INDEX}/vllm-ascend/", href.split("#")[0])
-    raise SystemExit(f"{name} is not listed at {INDEX}/vllm-ascend/")
+def for_stack(stack: str) -> Path:
+    return for_release(STACK_RELEASE[stack])
 
 
 def fetch(version: str) -> Path:
     path = script_path(version)
     if path.is_file():
         return path
-    url = _sdist_url(version)
-    with urllib.request.urlopen(url, timeout=300) as r:
-        data = r.read()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != RELEASES[version]:
-        raise SystemExit(f"{url}: sha256 {digest}, pinned {RELEASES[version]} in tests/proxy_release.py: refusing it")
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        member = next((m for m in tar.getmembers() if m.isfile() and m.name.split("/", 1)[-1] == MEMBER), None)
-        if member is None:
-            raise SystemExit(f"{url} has no {MEMBER}")
-        text = tar.extractfile(member).read()
+    source = source_tree("vllm-ascend", version, PINS[version].vllm_ascend_sha256) / MEMBER
+    recorded = json.loads((FACTS / f"{version}.json").read_text(encoding="utf-8"))["proxy"]["sha256"]
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    if digest != recorded:
+        raise SystemExit(f"{source}: sha256 {digest}, but {FACTS / version}.json records {recorded}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(text)
+    shutil.copyfile(source, tmp)
     tmp.replace(path)
     return path
 

@@ -77,3 +77,40 @@ def worker_flags(stack: str) -> dict[str, str | None]:
     """run_yr_worker.sh's `dscli start ... -w` flags; dscli's own options (before -w) as `pre:-t`."""
     worker = facts(stack)["worker"]
     return {**worker["flags"], **{f"pre:{k}": v for k, v in worker["dscli"].items()}}
+
+
+@dataclass
+class Correction:
+    """A guide's setting the committed stack changes for its release (seed_facts/release_corrections.json)."""
+
+    setting: str  # as the stack file writes it, without the namespace: `decode.connectorModulePath`
+    guide: object
+    stack: object  # None: gone; {"moved": SECTION}: inside additional-config.SECTION
+    release: str
+    check: str  # "error" or "warning": what the release checks say of the guide's value
+    says: str
+
+
+def corrections(stack: str) -> list[Correction]:
+    data = json.loads((FACTS / "release_corrections.json").read_text())
+    return [Correction(**c) for c in data[stack]]
+
+
+def corrected(stack: str, role: str, template: Template) -> Template:
+    """The guide's template of `role` with the stack's release corrections applied: what the ranks run."""
+    env, flags = dict(template.env), json.loads(json.dumps(template.flags))
+    for c in corrections(stack):
+        owner, kind, *path = c.setting.split(".")
+        if owner not in ("vllm", role):
+            continue
+        if kind == "connectorModulePath":
+            flags["--kv-transfer-config"]["kv_connector_extra_config"]["connectors"][0].pop("kv_connector_module_path")
+        elif kind == "env":
+            env.pop(path[0])
+        elif kind == "flags":
+            value, key = flags[f"--{path[0]}"], path[-1]
+            if isinstance(c.stack, dict):
+                value.setdefault(c.stack["moved"], {})[key] = value.pop(key)
+            else:
+                value[key] = c.stack
+    return Template(env=env, model=template.model, flags=flags)

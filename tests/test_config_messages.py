@@ -288,7 +288,7 @@ def test_a_misspelt_vllm_flag_is_refused_with_a_guess(tmp_path, section, old, ne
     line = one(tmp_path, text, f"{PROJECT}:{section}.flags.{key}")
     name = key.replace("_", "-")
     assert line == (f"{STACK_FILE}:{line_of(text, key)}: {PROJECT}:{section}.flags.{key}: is not a flag of `vllm serve` "
-                    f"(vLLM 0.18.0 and 0.20.2). Fix: did you mean '{meant}'? If the flag is right (a newer vLLM, a "
+                    f"(vLLM 0.18.0, 0.20.2 and 0.23.0). Fix: did you mean '{meant}'? If the flag is right (a newer vLLM, a "
                     f"plugin), allow it with `{PROJECT}:vllm.allowUnknownFlags: [{name}]`.")
 
 

@@ -146,7 +146,7 @@ def on_decode_node(side: Side) -> Side:
 
 def test_a_prefill_image_replaces_the_prefill_containers_only_rolling():
     old = on_decode_node(base("a2-8node"))
-    new = on_decode_node(edited("a2-8node", "prefill", lambda p: p.update(image="quay.io/ascend/vllm-ascend:v0.20.3")))
+    new = on_decode_node(edited("a2-8node", "prefill", lambda p: p.update(image="quay.io/ascend/vllm-ascend:v0.20.2rc1-rebuild")))
     change = compare("a2-8node", old, new)
     assert_matches_engine(change, "a2-8node", old, new)
     prefill = [f"p{i}" for i in range(4)]
@@ -158,7 +158,7 @@ def test_a_prefill_image_replaces_the_prefill_containers_only_rolling():
     assert role(change, "prefill").verdict == "keeps serving (rolling)"
     assert role(change, "decode").verdict == "unaffected"
     assert {n.name: n.image for n in plan_of("a2-8node", new.config).nodes} == {
-        **{n: "quay.io/ascend/vllm-ascend:v0.20.3" for n in prefill},
+        **{n: "quay.io/ascend/vllm-ascend:v0.20.2rc1-rebuild" for n in prefill},
         **{f"d{i}": "quay.io/ascend/vllm-ascend:v0.20.2rc1" for i in range(4)}}
 
 
@@ -173,7 +173,7 @@ def test_max_unavailable_changed_beside_a_role_image_counts_from_the_next_up():
     old = on_decode_node(edited("a2-8node", "rollout", slots(4)))
     both = on_decode_node(Side("both", {**edited("a2-8node", "rollout", slots(1)).config,
                                         **{k: v for k, v in edited("a2-8node", "prefill", lambda p: p.update(
-                                            image="quay.io/ascend/vllm-ascend:v0.20.3")).config.items()
+                                            image="quay.io/ascend/vllm-ascend:v0.20.2rc1-rebuild")).config.items()
                                            if k == "ascend-pd:prefill"}}))
     change = compare("a2-8node", old, both)
     assert (role(change, "prefill").max_unavailable, role(change, "prefill").verdict) == (4, "outage")
@@ -188,7 +188,7 @@ def test_a_prefill_image_on_the_etcd_and_proxy_node_is_an_outage():
     """The seed's a2 layout: p0's container also runs etcd and the proxy, which its replacement stops:
     nothing drains through a proxy that is gone, the restart slots go with etcd."""
     old = base("a2-8node")
-    new = edited("a2-8node", "prefill", lambda p: p.update(image="quay.io/ascend/vllm-ascend:v0.20.3"))
+    new = edited("a2-8node", "prefill", lambda p: p.update(image="quay.io/ascend/vllm-ascend:v0.20.2rc1-rebuild"))
     change = compare("a2-8node", old, new)
     assert role(change, "prefill").verdict == "outage"
     assert {"etcd", "proxy"} <= restarted(change)

@@ -73,7 +73,7 @@ def test_a_prefill_image_that_replaces_the_etcd_nodes_container_reruns_every_wor
     again) with it. The decode nodes' workers, running on, are updated after the new etcd (their
     create follows etcd's id), and each restarts into it, having joined the old one: measured on
     the real engine, before they followed etcd they stayed unregistered."""
-    raw = edited("a2-8node", "prefill", lambda d: d.update(image="quay.io/ascend/vllm-ascend:v0.20.3"))
+    raw = edited("a2-8node", "prefill", lambda d: d.update(image="quay.io/ascend/vllm-ascend:v0.20.2rc1-rebuild"))
     steps = plan_up(base["a2-8node"].regs, graph("a2-8node", raw))
     ops = acting(steps)
     assert (REPLACE, "p0-etcd") in ops
@@ -236,7 +236,7 @@ def test_no_replacement_forces_out_anothers_dependents(base, stack):
     the delete of a launch can find its container already gone. So no Command may depend (through
     a property) on anything of another node: even replacing every container at once forces each
     resource out exactly once, through its own node's container."""
-    raw = edited(stack, "container", lambda c: c.update(image="quay.io/ascend/vllm-ascend:v9"))
+    raw = edited(stack, "container", lambda c: c.update(image=c["image"] + "-rebuild"))
     steps = plan_up(base[stack].regs, graph(stack, raw))
     forced = {}
     for s in steps:

@@ -364,21 +364,21 @@ def test_scripts_pass_through_unchanged(stack):
 def test_a_role_image_goes_to_that_roles_nodes_only():
     """prefill.image / decode.image: each node pulls and runs its role's image; a node of neither
     role (etcd or the proxy alone) and the other role keep container.image."""
-    raw = with_object("a3-4node", "decode", lambda d: d.update(image="quay.io/ascend/vllm-ascend:v0.18.1-a3"))
+    raw = with_object("a3-4node", "decode", lambda d: d.update(image="quay.io/ascend/vllm-ascend:v0.18.0-a3-rebuild"))
     raw[f"{PROJECT}:nodes"] = json.dumps(json.loads(raw[f"{PROJECT}:nodes"])
                                          + [{"name": "x0", "address": "192.0.2.50", "nic": "enp3s0"}])
     raw[f"{PROJECT}:proxy"] = json.dumps({**json.loads(raw[f"{PROJECT}:proxy"]), "node": "x0"})
     run = run_program(raw, stack="a3-4node")
     base = load_stack("a3-4node").container.image
-    want = {"p0": base, "p1": base, "d0": "quay.io/ascend/vllm-ascend:v0.18.1-a3",
-            "d1": "quay.io/ascend/vllm-ascend:v0.18.1-a3", "x0": base}
+    want = {"p0": base, "p1": base, "d0": "quay.io/ascend/vllm-ascend:v0.18.0-a3-rebuild",
+            "d1": "quay.io/ascend/vllm-ascend:v0.18.0-a3-rebuild", "x0": base}
     for node, image in want.items():
         assert run.named(f"{node}-image").inputs["name"] == image, node
         assert run.named(f"{node}-container").inputs["image"] == mock_image_id(image), node
     # The node's preflight checks the image that node will pull.
-    assert "image=quay.io/ascend/vllm-ascend:v0.18.1-a3\n" in run.named("d0-preflight").inputs["create"]
+    assert "image=quay.io/ascend/vllm-ascend:v0.18.0-a3-rebuild\n" in run.named("d0-preflight").inputs["create"]
     assert f"image={base}\n" in run.named("p0-preflight").inputs["create"]
-    assert "image   quay.io/ascend/vllm-ascend:v0.18.1-a3  on d0 d1" in summary(build_plan(load_config(
+    assert "image   quay.io/ascend/vllm-ascend:v0.18.0-a3-rebuild  on d0 d1" in summary(build_plan(load_config(
         {k.split(":", 1)[1]: v for k, v in raw.items() if k.startswith(f"{PROJECT}:")}), "a3-4node"))
 
 
@@ -498,7 +498,7 @@ def _engine_ops(base: Run, other: Run) -> dict[str, set[str]]:
 
 def test_image_change_replaces_every_container_and_what_runs_in_it():
     base = baseline("a3-4node")
-    other = run_program(with_object("a3-4node", "container", lambda c: c.update(image="quay.io/ascend/vllm-ascend:v0.19.0-a3")),
+    other = run_program(with_object("a3-4node", "container", lambda c: c.update(image="quay.io/ascend/vllm-ascend:v0.18.0-a3-rebuild2")),
                         stack="a3-4node")
     ops = _engine_ops(base, other)
     inside = {r.name for r in base.of_type(COMMAND) if "docker exec" in r.inputs["create"]}

@@ -15,7 +15,7 @@ from ascend_pd.__main__ import main
 from ascend_pd.loader import load_stack
 from ascend_pd.plan import UNSET_ENV, build_plan
 from ascend_pd.scripts import launch, node_scripts
-from seed_reader import launch_online_dp, launches, proxy_lists, templates, worker_flags
+from seed_reader import corrected, launch_online_dp, launches, proxy_lists, templates, worker_flags
 
 STACKS = ("a2-8node", "a3-4node")
 
@@ -128,7 +128,7 @@ def _same(a: str, b: str) -> bool:
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_every_seed_flag_is_rendered(stack, role):
     plan = plan_of(stack)
-    seed = templates(stack)[role]
+    seed = corrected(stack, role, templates(stack)[role])  # what the release reads (seed_facts/release_corrections.json)
     assert seed.model.rstrip("/") == plan.cfg.model.path.rstrip("/")
     seed_flags = seed.flags
     for rank in plan.ranks_of(role):
@@ -161,7 +161,7 @@ def test_every_seed_flag_is_rendered(stack, role):
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_every_seed_env_var_is_set(stack, role):
     plan = plan_of(stack)
-    seed = templates(stack)[role]
+    seed = corrected(stack, role, templates(stack)[role])
     derived = {
         "$local_ip": lambda r, n: n.address,
         "$nic_name": lambda r, n: n.nic,

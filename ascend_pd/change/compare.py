@@ -4,6 +4,7 @@ collect what a reviewer needs: the steps in order, the script diffs per node, th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -11,7 +12,7 @@ from typing import Any, Callable, Optional
 from ..engine.capture import COMMAND, Graph, capture, plain
 from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE, Step, plan_up
 from ..engine.preview import EnginePreview, disagreements, model_verdicts, resource_key
-from ..errors import ConfigError, Source
+from ..errors import ConfigError, Problem, Source
 from ..loader import load_config
 from ..plan import Plan, build_plan
 from .effect import Effect, analyse, node_of, scripts_by_resource
@@ -60,6 +61,7 @@ class Change:
     parallel: int = 0  # the `pulumi up --parallel` the new plan asks for (the timing uses it)
     engine: Optional[EnginePreview] = None  # the real `pulumi preview --json` the steps came from
     engine_notes: list[str] = field(default_factory=list)  # where the model alone would have said otherwise
+    warnings: list[Problem] = field(default_factory=list)  # what the new side's release does not read (releases.py)
 
     @property
     def source(self) -> str:
@@ -88,9 +90,12 @@ def graph_of(stack: str, config: dict[str, str], secrets: Optional[dict[str, str
 def plan_of(stack: str, config: dict[str, str], source: Optional[Source] = None) -> Plan:
     """The plan of `config`; with its `source`, every problem names its file and line, as `render`'s do."""
     try:
-        return build_plan(load_config({k.split(":", 1)[1]: v for k, v in config.items()}, source), stack)
+        plan = build_plan(load_config({k.split(":", 1)[1]: v for k, v in config.items()}, source), stack)
     except ConfigError as exc:
         raise (source.locate(exc) if source is not None else exc) from None
+    if source is None:
+        return plan
+    return dataclasses.replace(plan, warnings=tuple(source.locate(ConfigError(list(plan.warnings))).problems))
 
 
 def _short(value: Any) -> str:
@@ -172,6 +177,7 @@ def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] =
     except ConfigError as exc:
         change.problems = exc
         return change
+    change.warnings = list(new_plan.warnings)
     old_plan: Optional[Plan] = None
     old_graph: Optional[Graph] = None
     if base.problem is not None:

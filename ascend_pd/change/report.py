@@ -241,9 +241,11 @@ def text_blocks(change: Change) -> list[Block]:
     """The text report: lines and tables (rich on a terminal, aligned columns otherwise)."""
     if change.problems is not None:
         return [problems_text(change)]
+    warned = [f"warning: {p}" for p in change.warnings]
     if not change.changed:
-        return [headline(change)]
+        return [headline(change), *warned]
     out: list[Block] = [verdict(change), "", headline(change), f"steps: {change.source}", ""]
+    out += warned + ([""] if warned else [])
     out += [f"engine: {n}" for n in change.engine_notes] + ([""] if change.engine_notes else [])
     if change.base_problem is not None:
         out += [f"the base is invalid, compared as not deployed: {change.base_problem}", ""]
@@ -330,9 +332,12 @@ def markdown(change: Change, budget: int = MARKDOWN_BUDGET) -> str:
         items = "\n".join(f"- {f'{p.where}: ' if p.where else ''}`{p.setting}`: {p.message}. Fix: {p.fix}."
                           for p in change.problems.problems)
         return f"`{change.stack}`: **invalid configuration** ({len(change.problems.problems)} problem(s)):\n\n{items}"
+    warned = [f"- warning: {f'{p.where}: ' if p.where else ''}`{p.setting}`: {p.message}. Fix: {p.fix}."
+              for p in change.warnings]
     if not change.changed:
-        return headline(change)
+        return "\n".join([headline(change), *([""] + warned if warned else [])])
     head = [f"**{verdict(change)}**", "", headline(change), "", f"Steps: {change.source}.", ""]
+    head += warned + ([""] if warned else [])
     head += [f"- engine: {n}" for n in change.engine_notes] + ([""] if change.engine_notes else [])
     if change.base_problem is not None:
         head += [f"The base is invalid and is compared as not deployed: `{change.base_problem.problems[0]}`", ""]
@@ -381,6 +386,8 @@ def as_json(change: Change) -> str:
                            for p in change.problems.problems]
         return json.dumps(doc, indent=2, allow_nan=False)
     doc["changed"] = change.changed
+    doc["warnings"] = [{"where": p.where, "setting": p.setting, "message": p.message, "fix": p.fix}
+                       for p in change.warnings]
     doc["source"] = {"steps": "engine" if change.engine is not None else "model",
                      "preview": change.engine.label if change.engine is not None else None,
                      "text": change.source, "engineNotes": change.engine_notes}

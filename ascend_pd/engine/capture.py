@@ -14,6 +14,7 @@ Used by the tests, by the engine model's change scenarios and by `python -m asce
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -54,6 +55,7 @@ class Graph:
 
     regs: list[Reg]
     error: Optional[BaseException] = None
+    warnings: list[str] = field(default_factory=list)  # what the program logged as warnings (pulumi.log.warn)
     _by_urn: dict[str, Reg] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +108,15 @@ def _pulumi():
         _ensure_event_loop
 
 
+class _Collect(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
 def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = (),
             expect_error: bool = False) -> Graph:
     """Run `__main__.py` with the CLI-style map `config` (`ascend-pd:<key>` -> string/JSON)."""
@@ -156,10 +167,17 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
     set_all_config(dict(config), secret_keys=list(secret_keys))
     mocks = _Mocks()
     monitor = _Recorder(mocks)
+    warnings: list[str] = []
+    # The program's log goes to the graph, not to the terminal of the command that captures it (`diff`
+    # reports the release warnings itself); under the real engine it is `pulumi preview`'s output.
+    logger = logging.getLogger(f"{__name__}.program")
+    logger.propagate = False
+    logger.handlers[:] = [_Collect(warnings)]
     # A fresh root Stack per run (set_mocks keeps an existing one): URNs carry this run's stack
     # name and stack outputs are this run's only. Internal, as reset_options() does it.
     settings.ROOT.set(None)
-    set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    ensure_loop()  # set_mocks registers the root Stack: a caller's asyncio.run() may have left no loop
+    set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor, logger=logger)
     error: Optional[BaseException] = None
     try:
         from ascend_pd.program import main as program_main
@@ -171,7 +189,7 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
         error = exc
     if expect_error and error is None:
         raise AssertionError("the program ran without error")
-    return Graph(regs=list(monitor.regs), error=error)
+    return Graph(regs=list(monitor.regs), error=error, warnings=warnings)
 
 
 def stack_output(name: str) -> Any:

@@ -1,41 +1,75 @@
 """Run vLLM-Ascend's PD proxy script (load_balance_proxy_server_example.py) as `python3 SCRIPT ARGS...`
-would, unchanged on disk, with two fixes applied as its server starts (ascend-pd:proxy.keepRemovedOut).
+would, unchanged on disk, with fixes applied as its server starts (ascend-pd:proxy.keepRemovedOut).
 
 Usage: python3 pd_proxy_launch.py SCRIPT [ARGS...]
 
-The release's `/instances/remove` taints an instance while any request is in flight: its heap entry
-gets TAINT_PRIORITY so that selection passes it over. But `_update_prefiller_priority` and
+The script comes in two interfaces (INTERFACES; ascend-pd's release checks refuse a release that has
+neither before it deploys):
+
+`proxy-state` (vllm-ascend 0.18 to 0.20): a `ProxyState` in the script's own process. Its
+`/instances/remove` taints an instance while any request is in flight: its heap entry gets
+TAINT_PRIORITY so that selection passes it over. But `_update_prefiller_priority` and
 `_update_decoder_priority`, which run whenever one of that instance's earlier requests is released,
 give it its load-based priority back. It is then the least loaded instance and takes the next
 request, whose release untaints it again: under steady load a removed instance keeps receiving
 requests, never drains, and requests that reach it while it restarts fail. The fix keeps every
 tainted instance at TAINT_PRIORITY after each of those updates (and leaves a valid heap, which the
 original does not), until `/instances/add`, which clears the taint itself, puts it back.
-Selection, routing and the idle-time removal are the release's own.
 
-When every instance of a role is out (the role's only instance restarting), the script as shipped
-still sends each request to it, for it is the only choice left, and only drops it from its lists at
-a moment when no request is in flight anywhere: under steady load there is none, and the requests
-it sends to the stopped ranks come back as an empty 200. The second fix refuses a request at once
-with 503 and Retry-After while a role has no instance in service, before any prefill work is
-done (and not counted in flight); the requests in flight finish, the proxy goes idle and drops
-the instance, and the client knows to come back. Once `/instances/add` lists an instance again, requests flow.
+`shared-scheduler` (vllm-ascend 0.21 on): a `SharedProxyScheduler`, which keeps a tainted instance
+at TAINT_PRIORITY by itself. Its `/instances/add` skips every instance it still lists, and a tainted
+one is listed until no request is in flight anywhere: under steady load a drained instance that is
+added back stays tainted (out of service) for as long as the load lasts, and is dropped when it ends.
+The fix puts a tainted instance back as the earlier interface did: at once when its `/v1/models`
+answers, else through the script's own waiting list (checked every --waiting-retry-interval).
 
-The patch goes in when the script calls `uvicorn.run`, after it has defined its classes: while
-runpy runs a file as `__main__`, `sys.modules["__main__"]` is the namespace it executes in.
+Both: when every instance of a role is out (the role's only instance restarting), the script as
+shipped still sends each request to it, for it is the only choice left, and only drops it from its
+lists at a moment when no request is in flight anywhere: under steady load there is none, and the
+requests it sends to the stopped ranks come back as an empty 200. The fix refuses a request at once
+with 503 and Retry-After while a role has no instance in service, before any prefill work is done
+(and not counted in flight); the requests in flight finish, the proxy goes idle and drops the
+instance, and the client knows to come back. Once `/instances/add` lists an instance again, requests flow.
+
+The patch goes in when the script calls `uvicorn.run`, after it has defined its classes: either in
+`sys.modules["__main__"]` (the namespace runpy executes the script in), or, when the script hands
+uvicorn an import string (`"load_balance_proxy_server_example:create_app"`), in that module, which the
+launcher imports first so that uvicorn finds it already imported, patched.
+
+This file runs inside the NPU container and is also imported by ascend-pd's release checks (INTERFACES):
+it imports nothing beyond the standard library until it runs.
 """
 
 import heapq
+import importlib
 import runpy
 import sys
 
-import uvicorn
-from fastapi import HTTPException
-
-ROLES = (  # (role, priority update, servers, tainted, heap) of ProxyState
+INTERFACES = {  # name -> what the script must define for the launcher to wrap it
+    "proxy-state": ("ProxyState", "TAINT_PRIORITY", "_handle_completions", "proxy_state"),
+    "shared-scheduler": ("SharedProxyScheduler", "TAINT_PRIORITY", "handle_completions_impl", "adjust_instances_impl",
+                         "get_runtime", "ServerRole", "NodeListener", "server_key", "parse_server_addresses"),
+}
+ROLES = (  # (role, priority update, servers, tainted, heap) of a proxy-state ProxyState
     ("prefill", "_update_prefiller_priority", "prefillers", "tainted_prefillers", "prefiller_heap"),
     ("decode", "_update_decoder_priority", "decoders", "tainted_decoders", "decoder_heap"),
 )
+RETRY_AFTER_S = "5"
+
+
+def interface_of(names) -> "str | None":
+    """The interface a script with these module-level names has, or None."""
+    return next((name for name, needed in INTERFACES.items() if all(n in names for n in needed)), None)
+
+
+def _refusal(role: str):
+    from fastapi import HTTPException
+
+    return HTTPException(503, f"no {role} instance in service (restarting): retry later",
+                         headers={"Retry-After": RETRY_AFTER_S})
+
+
+# -- proxy-state ----------------------------------------------------------------------------------
 
 
 def keep_taints(namespace: dict) -> None:
@@ -55,9 +89,6 @@ def keep_taints(namespace: dict) -> None:
         setattr(state_cls, method, update)
 
 
-RETRY_AFTER_S = "5"
-
-
 def refuse_when_out(script_globals: dict) -> None:
     """Wrap the script's _handle_completions (its routes look it up in its globals at each request):
     a refusal is not counted in flight, and the script logs no traceback for it."""
@@ -68,33 +99,105 @@ def refuse_when_out(script_globals: dict) -> None:
         for role, _, servers, tainted, _ in ROLES:
             out = getattr(state, tainted)
             if all(s in out for s in getattr(state, servers)):  # also when the list is empty
-                raise HTTPException(503, f"no {role} instance in service (restarting): retry later",
-                                    headers={"Retry-After": RETRY_AFTER_S})
+                raise _refusal(role)
         return await original(api, request)
 
     script_globals["_handle_completions"] = completions
 
 
-NEEDED = ("ProxyState", "TAINT_PRIORITY", "_handle_completions", "proxy_state")
+# -- shared-scheduler -----------------------------------------------------------------------------
+
+
+def scheduler_refuse_when_out(script_globals: dict) -> None:
+    """Wrap the script's handle_completions_impl (looked up in its globals at each request)."""
+    original = script_globals["handle_completions_impl"]
+    roles = script_globals["ServerRole"]
+
+    async def completions(api, request):
+        scheduler = script_globals["get_runtime"]().scheduler
+        with scheduler._lock:
+            for role in roles:
+                pool = scheduler._pool(role)
+                if all(key in pool.tainted for key in pool.servers):  # also when there is none
+                    raise _refusal(role.value)
+        return await original(api, request)
+
+    script_globals["handle_completions_impl"] = completions
+
+
+def scheduler_readd_tainted(script_globals: dict) -> None:
+    """Wrap the script's adjust_instances_impl: an `add` of an instance that is still listed, tainted,
+    puts it back in service (its /v1/models answers) or on the script's waiting list (it does not yet)."""
+    original = script_globals["adjust_instances_impl"]
+    roles, key_of = script_globals["ServerRole"], script_globals["server_key"]
+
+    async def adjust(adjust_mode, request):
+        if adjust_mode == "add":
+            body = await request.json()  # starlette keeps the body: the script reads it again
+            try:
+                role = roles(body.get("type", ""))
+                instances = body.get("instances", [])
+                parsed = script_globals["parse_server_addresses"]([instances] if isinstance(instances, str) else instances)
+            except (ValueError, AttributeError, TypeError):
+                return await original(adjust_mode, request)  # the script's own answer to a bad body
+            scheduler = script_globals["get_runtime"]().scheduler
+            for host, port in parsed:
+                key = key_of(host, port)
+                if key not in scheduler._pool(role).tainted:
+                    continue
+                if await script_globals["NodeListener"].check_instance_status(host, port):
+                    scheduler.activate_waiting_instance(role, host, port)
+                else:
+                    with scheduler._lock:
+                        scheduler.waiting_nodes[key] = (role.value, (host, int(port)), 0)
+        return await original(adjust_mode, request)
+
+    script_globals["adjust_instances_impl"] = adjust
+
+
+# -- launching ------------------------------------------------------------------------------------
+
+
+def patch(namespace: dict) -> None:
+    interface = interface_of(namespace)
+    if interface == "proxy-state":
+        missing = [m for _, m, *_ in ROLES if not hasattr(namespace["ProxyState"], m)]
+        if missing:
+            interface = None
+    if interface is None:  # another release: refuse rather than run a proxy whose drain is not what the README says
+        known = "; ".join(f"{name}: {', '.join(needed)}" for name, needed in INTERFACES.items())
+        sys.exit(f"pd_proxy_launch.py: {sys.argv[0]} has none of the interfaces the launcher knows ({known}): this "
+                 "release cannot keep a removed instance out; set ascend-pd:proxy.keepRemovedOut to false to run it "
+                 "as shipped")
+    if interface == "proxy-state":
+        keep_taints(namespace)
+        refuse_when_out(namespace)
+    else:
+        scheduler_readd_tainted(namespace)
+        scheduler_refuse_when_out(namespace)
+    print(f"pd_proxy_launch: {interface}: an instance given to /instances/remove stays out until /instances/add; "
+          "a role with no instance in service answers 503", flush=True)
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: pd_proxy_launch.py SCRIPT [ARGS...]")
+    import uvicorn
+
     real_run = uvicorn.run
 
-    def run(*args, **kwargs):
-        namespace = sys.modules["__main__"].__dict__
-        missing = [n for n in NEEDED if n not in namespace] + [
-            m for _, m, *_ in ROLES if not hasattr(namespace.get("ProxyState"), m)]
-        if missing:  # another release: refuse rather than run a proxy whose drain is not what the README says
-            sys.exit(f"pd_proxy_launch.py: {sys.argv[0]} has no {', '.join(missing)}: this release cannot keep a "
-                     "removed instance out; set ascend-pd:proxy.keepRemovedOut to false to run it as shipped")
-        keep_taints(namespace)
-        refuse_when_out(namespace)
-        print("pd_proxy_launch: an instance given to /instances/remove stays out until /instances/add; "
-              "a role with no instance in service answers 503", flush=True)
-        return real_run(*args, **kwargs)
+    def run(app, *args, **kwargs):
+        if isinstance(app, str):
+            if kwargs.get("workers") not in (None, 1):
+                sys.exit("pd_proxy_launch.py: the proxy runs more than one worker process; the launcher's fixes "
+                         "reach only its own: run it with one worker (no --workers)")
+            if kwargs.get("app_dir") is not None:
+                sys.path.insert(0, kwargs["app_dir"])
+            namespace = importlib.import_module(app.partition(":")[0]).__dict__
+        else:
+            namespace = sys.modules["__main__"].__dict__
+        patch(namespace)
+        return real_run(app, *args, **kwargs)
 
     uvicorn.run = run
     sys.argv = sys.argv[1:]

@@ -70,7 +70,7 @@ def small_stack(
     return {
         "hardware": "atlas-800i-a2",
         "nodes": [{"name": n, "address": a, "nic": "lo"} for n, a in addresses.items()],
-        "container": {"name": "test", "image": "example/vllm-ascend:test", "shmSize": "1g"},
+        "container": {"name": "test", "image": "example/vllm-ascend:v0.20.2rc1", "shmSize": "1g"},
         "model": {"path": "/models/tiny", "servedName": MODEL},
         "vllm": {"flags": {"block-size": 16, "max-model-len": 4096}},
         "prefill": {"nodes": prefill, "dp": prefill_dp, "tp": 1, "portBase": port_base, "rpcPort": 17321,

@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r0.pid 301bf97b0fa4323d || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r1.pid 7e0d94c305d84f4a || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r2.pid 0b6266944a3b1fc6 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r3.pid 5434463d18d94092 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r4.pid a0e08c706b134e3c || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r5.pid 803f15ee90f75337 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r6.pid c0c9fd96b1bd0ead || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r7.pid 03652d3be227ebad || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,7 +463,7 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r0: DP rank 0/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r0.pid 301bf97b0fa4323d 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r0.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -478,7 +478,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -517,13 +516,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r0.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r0.pid d4314d526225fdac $!
+  started /workspace/ascend-pd/run/decode-0-r0.pid 301bf97b0fa4323d $!
 fi
 
 # decode-0-r1: DP rank 1/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 7e0d94c305d84f4a 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r1.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -538,7 +537,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -577,13 +575,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "1", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "1", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r1.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r1.pid 193d49dc8adc6b0b $!
+  started /workspace/ascend-pd/run/decode-0-r1.pid 7e0d94c305d84f4a $!
 fi
 
 # decode-0-r2: DP rank 2/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r2.pid 0b6266944a3b1fc6 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r2.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -598,7 +596,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -637,13 +634,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "2", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "2", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r2.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r2.pid e8771ab6a0207873 $!
+  started /workspace/ascend-pd/run/decode-0-r2.pid 0b6266944a3b1fc6 $!
 fi
 
 # decode-0-r3: DP rank 3/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r3.pid 5434463d18d94092 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r3.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -658,7 +655,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -697,13 +693,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "3", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "3", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r3.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r3.pid 7d31c0505da33c76 $!
+  started /workspace/ascend-pd/run/decode-0-r3.pid 5434463d18d94092 $!
 fi
 
 # decode-0-r4: DP rank 4/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r4.pid a0e08c706b134e3c 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r4.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -718,7 +714,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -757,13 +752,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "4", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "4", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r4.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r4.pid 14be7efa9dc99859 $!
+  started /workspace/ascend-pd/run/decode-0-r4.pid a0e08c706b134e3c $!
 fi
 
 # decode-0-r5: DP rank 5/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r5.pid 803f15ee90f75337 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r5.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -778,7 +773,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -817,13 +811,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "5", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "5", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r5.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r5.pid 2e2a4bd5d96f08a6 $!
+  started /workspace/ascend-pd/run/decode-0-r5.pid 803f15ee90f75337 $!
 fi
 
 # decode-0-r6: DP rank 6/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r6.pid c0c9fd96b1bd0ead 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r6.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -838,7 +832,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -877,13 +870,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "6", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "6", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r6.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r6.pid d17c4d20a75b61f7 $!
+  started /workspace/ascend-pd/run/decode-0-r6.pid c0c9fd96b1bd0ead $!
 fi
 
 # decode-0-r7: DP rank 7/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r7.pid 03652d3be227ebad 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r7.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -898,7 +891,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.20" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -937,9 +929,9 @@ if needs_start /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "7", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "7", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r7.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r7.pid 7a4767f3d37273eb $!
+  started /workspace/ascend-pd/run/decode-0-r7.pid 03652d3be227ebad $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

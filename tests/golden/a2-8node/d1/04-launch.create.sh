@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r8.pid 296afdd05631f0f5 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r9.pid 7cb7a9c5e9829ce2 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r10.pid fbda0e2d7a82cccb || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r11.pid cf350a4e72ed3017 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r12.pid 2a386762351c29b6 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r13.pid 0c6232e37e303d7d || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r14.pid efa694b07ed00422 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r15.pid 9512b1a11e9c74c1 || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,7 +463,7 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r8: DP rank 8/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r8.pid 296afdd05631f0f5 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r8.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -478,7 +478,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -517,13 +516,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "8", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "8", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r8.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r8.pid 3dca1374ccb33d08 $!
+  started /workspace/ascend-pd/run/decode-0-r8.pid 296afdd05631f0f5 $!
 fi
 
 # decode-0-r9: DP rank 9/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r9.pid 7cb7a9c5e9829ce2 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r9.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -538,7 +537,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -577,13 +575,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f 60; the
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "9", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "9", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r9.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r9.pid 8764e534cd3d1c0f $!
+  started /workspace/ascend-pd/run/decode-0-r9.pid 7cb7a9c5e9829ce2 $!
 fi
 
 # decode-0-r10: DP rank 10/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r10.pid fbda0e2d7a82cccb 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r10.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -598,7 +596,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -637,13 +634,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "10", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "10", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r10.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r10.pid e1280d319385b0e7 $!
+  started /workspace/ascend-pd/run/decode-0-r10.pid fbda0e2d7a82cccb $!
 fi
 
 # decode-0-r11: DP rank 11/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r11.pid cf350a4e72ed3017 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r11.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -658,7 +655,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -697,13 +693,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "11", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "11", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r11.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r11.pid 6324b0759d4695fd $!
+  started /workspace/ascend-pd/run/decode-0-r11.pid cf350a4e72ed3017 $!
 fi
 
 # decode-0-r12: DP rank 12/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r12.pid 2a386762351c29b6 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r12.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -718,7 +714,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -757,13 +752,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "12", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "12", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r12.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r12.pid f5addc011a2f15ef $!
+  started /workspace/ascend-pd/run/decode-0-r12.pid 2a386762351c29b6 $!
 fi
 
 # decode-0-r13: DP rank 13/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r13.pid 0c6232e37e303d7d 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r13.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -778,7 +773,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -817,13 +811,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "13", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "13", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r13.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r13.pid 8d0d44bd8c6674fe $!
+  started /workspace/ascend-pd/run/decode-0-r13.pid 0c6232e37e303d7d $!
 fi
 
 # decode-0-r14: DP rank 14/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r14.pid efa694b07ed00422 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r14.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -838,7 +832,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -877,13 +870,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "14", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "14", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r14.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r14.pid c0fd3e3bafe85e63 $!
+  started /workspace/ascend-pd/run/decode-0-r14.pid efa694b07ed00422 $!
 fi
 
 # decode-0-r15: DP rank 15/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r15.pid 9512b1a11e9c74c1 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r15.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -898,7 +891,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.21" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -937,9 +929,9 @@ if needs_start /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "15", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "15", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r15.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r15.pid a8be0350596c4643 $!
+  started /workspace/ascend-pd/run/decode-0-r15.pid 9512b1a11e9c74c1 $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

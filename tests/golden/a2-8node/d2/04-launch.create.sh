@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r16.pid dc34138f7584bcb9 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r17.pid c986663a64947c53 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r18.pid e778da6903b0dbaf || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r19.pid 105d5e3a6aca7a3d || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r20.pid 11df74d32874fe73 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r21.pid ebd01fbab85521b2 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r22.pid 7a8c3617aabd7397 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r23.pid 5612f04f46abdd7d || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,7 +463,7 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r16: DP rank 16/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r16.pid dc34138f7584bcb9 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r16.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -478,7 +478,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -517,13 +516,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "16", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "16", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r16.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r16.pid 789c7d422e681548 $!
+  started /workspace/ascend-pd/run/decode-0-r16.pid dc34138f7584bcb9 $!
 fi
 
 # decode-0-r17: DP rank 17/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r17.pid c986663a64947c53 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r17.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -538,7 +537,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -577,13 +575,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "17", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "17", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r17.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r17.pid eccb485d76c9f8ed $!
+  started /workspace/ascend-pd/run/decode-0-r17.pid c986663a64947c53 $!
 fi
 
 # decode-0-r18: DP rank 18/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r18.pid e778da6903b0dbaf 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r18.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -598,7 +596,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -637,13 +634,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "18", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "18", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r18.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r18.pid 1a06fd3163431c10 $!
+  started /workspace/ascend-pd/run/decode-0-r18.pid e778da6903b0dbaf $!
 fi
 
 # decode-0-r19: DP rank 19/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r19.pid 105d5e3a6aca7a3d 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r19.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -658,7 +655,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -697,13 +693,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "19", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "19", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r19.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r19.pid d4e2d9ea381e2504 $!
+  started /workspace/ascend-pd/run/decode-0-r19.pid 105d5e3a6aca7a3d $!
 fi
 
 # decode-0-r20: DP rank 20/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r20.pid 11df74d32874fe73 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r20.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -718,7 +714,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -757,13 +752,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "20", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "20", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r20.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r20.pid a8faf290525e54cd $!
+  started /workspace/ascend-pd/run/decode-0-r20.pid 11df74d32874fe73 $!
 fi
 
 # decode-0-r21: DP rank 21/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r21.pid ebd01fbab85521b2 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r21.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -778,7 +773,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -817,13 +811,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "21", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "21", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r21.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r21.pid bf25e55f133fbe3e $!
+  started /workspace/ascend-pd/run/decode-0-r21.pid ebd01fbab85521b2 $!
 fi
 
 # decode-0-r22: DP rank 22/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r22.pid 7a8c3617aabd7397 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r22.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -838,7 +832,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -877,13 +870,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "22", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "22", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r22.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r22.pid 4d2fb794e0062160 $!
+  started /workspace/ascend-pd/run/decode-0-r22.pid 7a8c3617aabd7397 $!
 fi
 
 # decode-0-r23: DP rank 23/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r23.pid 5612f04f46abdd7d 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r23.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -898,7 +891,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.22" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -937,9 +929,9 @@ if needs_start /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "23", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "23", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r23.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r23.pid e70735a0eda78c23 $!
+  started /workspace/ascend-pd/run/decode-0-r23.pid 5612f04f46abdd7d $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

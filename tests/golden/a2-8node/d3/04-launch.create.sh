@@ -420,14 +420,14 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f || changed=1
-running_with /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r24.pid ff147dbd2080f8e5 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r25.pid 1d1f17348c8e72a8 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r26.pid 30b13632f8906272 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r27.pid 3922a78ba612969d || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r28.pid af0fe320ba70fd54 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r29.pid 97ecee03448af2f2 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r30.pid c02e4beb3e9c0971 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r31.pid 01e6d912eda7247f || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -463,7 +463,7 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r24: DP rank 24/32, devices 0, port 7100
-if needs_start /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r24.pid ff147dbd2080f8e5 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r24.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -478,7 +478,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -517,13 +516,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "24", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "24", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r24.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r24.pid e068fb4b07200840 $!
+  started /workspace/ascend-pd/run/decode-0-r24.pid ff147dbd2080f8e5 $!
 fi
 
 # decode-0-r25: DP rank 25/32, devices 1, port 7101
-if needs_start /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r25.pid 1d1f17348c8e72a8 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r25.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -538,7 +537,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -577,13 +575,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "25", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "25", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r25.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r25.pid b48e38f05403b19b $!
+  started /workspace/ascend-pd/run/decode-0-r25.pid 1d1f17348c8e72a8 $!
 fi
 
 # decode-0-r26: DP rank 26/32, devices 2, port 7102
-if needs_start /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r26.pid 30b13632f8906272 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r26.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -598,7 +596,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -637,13 +634,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "26", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "26", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r26.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r26.pid 24e98137e7888f2b $!
+  started /workspace/ascend-pd/run/decode-0-r26.pid 30b13632f8906272 $!
 fi
 
 # decode-0-r27: DP rank 27/32, devices 3, port 7103
-if needs_start /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r27.pid 3922a78ba612969d 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r27.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -658,7 +655,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -697,13 +693,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "27", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "27", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r27.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r27.pid d0a43136d2150c97 $!
+  started /workspace/ascend-pd/run/decode-0-r27.pid 3922a78ba612969d $!
 fi
 
 # decode-0-r28: DP rank 28/32, devices 4, port 7104
-if needs_start /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r28.pid af0fe320ba70fd54 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r28.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -718,7 +714,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -757,13 +752,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "28", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "28", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r28.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r28.pid 4f9160fa8f21c3b5 $!
+  started /workspace/ascend-pd/run/decode-0-r28.pid af0fe320ba70fd54 $!
 fi
 
 # decode-0-r29: DP rank 29/32, devices 5, port 7105
-if needs_start /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r29.pid 97ecee03448af2f2 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r29.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -778,7 +773,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -817,13 +811,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "29", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "29", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r29.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r29.pid e87e0e5111684758 $!
+  started /workspace/ascend-pd/run/decode-0-r29.pid 97ecee03448af2f2 $!
 fi
 
 # decode-0-r30: DP rank 30/32, devices 6, port 7106
-if needs_start /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r30.pid c02e4beb3e9c0971 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r30.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -838,7 +832,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -877,13 +870,13 @@ if needs_start /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "30", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "30", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r30.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r30.pid cbb51ac2df15323f $!
+  started /workspace/ascend-pd/run/decode-0-r30.pid c02e4beb3e9c0971 $!
 fi
 
 # decode-0-r31: DP rank 31/32, devices 7, port 7107
-if needs_start /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r31.pid 01e6d912eda7247f 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r31.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -898,7 +891,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.23" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -937,9 +929,9 @@ if needs_start /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a 60; th
       --tokenizer-mode deepseek_v4 \
       --tool-call-parser deepseek_v4 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "31", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_consumer", "kv_port": "30100", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "31", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r31.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r31.pid d85168167eb1c36a $!
+  started /workspace/ascend-pd/run/decode-0-r31.pid 01e6d912eda7247f $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

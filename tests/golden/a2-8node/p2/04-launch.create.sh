@@ -395,8 +395,8 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/prefill-2-r0.pid c54f3c82318eef61 || changed=1
-running_with /workspace/ascend-pd/run/prefill-2-r1.pid 969c6a1915407bf7 || changed=1
+running_with /workspace/ascend-pd/run/prefill-2-r0.pid fe5401183df6930a || changed=1
+running_with /workspace/ascend-pd/run/prefill-2-r1.pid 430083fe858bf35a || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -430,7 +430,7 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # prefill-2-r0: DP rank 0/2, devices 0,1,2,3, port 7100
-if needs_start /workspace/ascend-pd/run/prefill-2-r0.pid c54f3c82318eef61 60; then
+if needs_start /workspace/ascend-pd/run/prefill-2-r0.pid fe5401183df6930a 60; then
   rotate_log /workspace/ascend-pd/logs/prefill-2-r0.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -445,7 +445,6 @@ if needs_start /workspace/ascend-pd/run/prefill-2-r0.pid c54f3c82318eef61 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.12" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -486,11 +485,11 @@ if needs_start /workspace/ascend-pd/run/prefill-2-r0.pid c54f3c82318eef61 60; th
       --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "2", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_producer", "kv_port": "30000", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/prefill-2-r0.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/prefill-2-r0.pid c54f3c82318eef61 $!
+  started /workspace/ascend-pd/run/prefill-2-r0.pid fe5401183df6930a $!
 fi
 
 # prefill-2-r1: DP rank 1/2, devices 4,5,6,7, port 7101
-if needs_start /workspace/ascend-pd/run/prefill-2-r1.pid 969c6a1915407bf7 60; then
+if needs_start /workspace/ascend-pd/run/prefill-2-r1.pid 430083fe858bf35a 60; then
   rotate_log /workspace/ascend-pd/logs/prefill-2-r1.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -505,7 +504,6 @@ if needs_start /workspace/ascend-pd/run/prefill-2-r1.pid 969c6a1915407bf7 60; th
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_APPLY_DSV4_PATCH="1" \
       VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="30000" \
-      VLLM_RPC_TIMEOUT="3600000" \
       HCCL_IF_IP="192.0.2.12" \
       GLOO_SOCKET_IFNAME="enp67s0f0np0" \
       TP_SOCKET_IFNAME="enp67s0f0np0" \
@@ -546,7 +544,7 @@ if needs_start /workspace/ascend-pd/run/prefill-2-r1.pid 969c6a1915407bf7 60; th
       --trust-remote-code \
       --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "2", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeHybridConnector", "kv_role": "kv_producer", "kv_port": "30000", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 4}, "decode": {"dp_size": 32, "tp_size": 1}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"lookup_rpc_port": "0", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/prefill-2-r1.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/prefill-2-r1.pid 969c6a1915407bf7 $!
+  started /workspace/ascend-pd/run/prefill-2-r1.pid 430083fe858bf35a $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).

@@ -420,7 +420,7 @@ group_healthy() {
 }
 running=0 changed=0 rollout=0
 for pidfile in "${local_pidfiles[@]}"; do if pid_of "$pidfile" >/dev/null; then running=1; fi; done
-running_with /workspace/ascend-pd/run/decode-0-r1.pid 0dda617acfccb883 || changed=1
+running_with /workspace/ascend-pd/run/decode-0-r1.pid 8d8eb0d8b98c4607 || changed=1
 if [ "$running" = 1 ] && ! group_healthy; then
   echo "$instance: not every rank of the group answers /health: restarting this node's ranks"
   if out_of_proxy; then rollout=1; fi  # broken: nothing to drain
@@ -456,7 +456,7 @@ check_rank() {  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails t
 }
 
 # decode-0-r1: DP rank 1/2, devices 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15, port 6700
-if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 0dda617acfccb883 60; then
+if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 8d8eb0d8b98c4607 60; then
   rotate_log /workspace/ascend-pd/logs/decode-0-r1.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -473,7 +473,6 @@ if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 0dda617acfccb883 60; the
       TASK_QUEUE_ENABLE="1" \
       VLLM_ASCEND_ENABLE_FUSED_MC2="1" \
       VLLM_ASCEND_ENABLE_MLAPO="1" \
-      VLLM_NIXL_ABORT_REQUEST_TIMEOUT="300000" \
       HCCL_IF_IP="192.0.2.41" \
       GLOO_SOCKET_IFNAME="enp3s0" \
       TP_SOCKET_IFNAME="enp3s0" \
@@ -491,7 +490,7 @@ if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 0dda617acfccb883 60; the
       --data-parallel-rpc-port 10521 \
       --tensor-parallel-size 16 \
       --served-model-name glm-5.1 \
-      --additional-config '{"enable_npugraph_ex": true, "fuse_muls_add": true, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
+      --additional-config '{"ascend_compilation_config": {"enable_npugraph_ex": true, "fuse_muls_add": true}, "multistream_overlap_shared_expert": true, "recompute_scheduler_enable": true}' \
       --async-scheduling \
       --compilation-config '{"cudagraph_capture_sizes": [4, 8, 12, 16, 20, 24, 28, 32], "cudagraph_mode": "FULL_DECODE_ONLY"}' \
       --enable-auto-tool-choice \
@@ -503,12 +502,12 @@ if needs_start /workspace/ascend-pd/run/decode-0-r1.pid 0dda617acfccb883 60; the
       --quantization ascend \
       --reasoning-parser glm45 \
       --seed 1024 \
-      --speculative-config '{"method": "deepseek_mtp", "num_speculative_tokens": 3}' \
+      --speculative-config '{"method": "mtp", "num_speculative_tokens": 3}' \
       --tool-call-parser glm47 \
       --trust-remote-code \
-      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "kv_port": "36200", "kv_connector_module_path": "vllm_ascend.distributed.mooncake_connector", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 16}, "decode": {"dp_size": 2, "tp_size": 16}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "1", "backend": "yuanrong"}}]}}' \
+      --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "kv_port": "36200", "kv_connector_extra_config": {"use_ascend_direct": true, "prefill": {"dp_size": 2, "tp_size": 16}, "decode": {"dp_size": 2, "tp_size": 16}}}, {"kv_connector": "AscendStoreConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"lookup_rpc_port": "1", "backend": "yuanrong"}}]}}' \
       > /workspace/ascend-pd/logs/decode-0-r1.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/decode-0-r1.pid 0dda617acfccb883 $!
+  started /workspace/ascend-pd/run/decode-0-r1.pid 8d8eb0d8b98c4607 $!
 fi
 
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).
