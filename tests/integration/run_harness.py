@@ -33,7 +33,7 @@ from typing import Iterable, Optional
 
 import proxy_release
 from quiet_worker import QUIET_WORKER_FLAGS
-from ascend_pd import scripts, shell
+from ascend_pd import releases, scripts, shell
 from ascend_pd.loader import PROJECT_DIR, cli_config_map, load_config
 from ascend_pd.plan import Plan, build_plan
 
@@ -202,8 +202,6 @@ def local_config_map(stack: str, tmp: Path, node_dir: Path, **overrides) -> dict
     }
     raw["proxy"] = {
         **raw["proxy"],
-        # The release's own script, unedited, at the version the stack's image runs.
-        "script": str(proxy_release.for_stack(stack)),
         "python": PYTHON,  # the test interpreter: fastapi, httpx and uvicorn are dev requirements
         "readyTimeoutS": PROXY_READY_TIMEOUT_S,
         "smokeTimeoutS": 30,
@@ -221,7 +219,18 @@ def local_config_map(stack: str, tmp: Path, node_dir: Path, **overrides) -> dict
             raw.pop(key, None)
         else:
             raw[key] = value
+    if "script" not in overrides.get("proxy", {}):
+        # The release's own script, unedited, at the version the proxy node's image runs.
+        raw["proxy"]["script"] = str(proxy_release.for_release(proxy_release_of(raw)))
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+
+
+def proxy_release_of(raw: dict) -> str:
+    """The vllm-ascend release of the proxy node's image (config.node_image's rule, on decoded settings)."""
+    node = raw["proxy"]["node"]
+    image = next((raw[r]["image"] for r in ("prefill", "decode") if node in raw[r]["nodes"] and raw[r].get("image")),
+                 raw["container"]["image"])
+    return releases.release_named(image, raw.get("vllmAscend", {}).get("release"))
 
 
 @dataclass

@@ -32,6 +32,7 @@ import pytest
 import requests
 
 import engine_harness as eh
+import release_upgrade
 import run_harness as harness
 from load import RATE_PER_S, Load
 
@@ -51,10 +52,16 @@ REFUSAL_S = 1.0  # a request refused while its role is out answers within this
 AS_SHIPPED = os.environ.get("ASCEND_PD_TEST_PROXY_AS_SHIPPED") == "1"
 
 
-def deployed(stack: str, tmp: Path):
-    """etcd, every launch and the release's proxy of `stack`, on loopback."""
+def deployed(stack: str, tmp: Path, release: str):
+    """etcd, every launch and the release's proxy of `stack`, on loopback: as committed, or on
+    vllm-ascend 0.23.0.post1 (its rewritten proxy): a2-8node upgraded as docs/changes.md says, a3-4node
+    with only its image and worker wheel moved (the moved env variables draw warnings, not errors)."""
     # A drain that cannot finish gives up after 60 s here (the default 300 s: a real model's requests).
     overrides = {"rollout": {"drainTimeoutS": 60}, **({"proxy": {"keepRemovedOut": False}} if AS_SHIPPED else {})}
+    if release == release_upgrade.RELEASE:
+        overrides.update(release_upgrade.overrides("a2-8node") if stack == "a2-8node" else {
+            "container": {"image": f"quay.io/ascend/vllm-ascend:v{release}-a3"},
+            "yuanrong": {"package": "openyuanrong-datasystem==0.8.1"}})
     c = harness.Cluster(stack, tmp, overrides=overrides)
     c.run(c.etcd_node, "etcd")
     for role in ("prefill", "decode"):
@@ -69,18 +76,21 @@ def torn_down(c: harness.Cluster) -> None:
     c.run(c.etcd_node, "etcd", "delete", check=False)
 
 
-@pytest.fixture
-def a2(workdir: Path):
+RELEASES = ["committed", release_upgrade.RELEASE]
+
+
+@pytest.fixture(params=RELEASES)
+def a2(request, workdir: Path):
     harness.require_tools(harness.ETCD_BINARY, "curl", "setsid")
-    c = deployed("a2-8node", workdir / "a2")  # function scope: its etcd is gone before a3's starts
-    yield c
+    c = deployed("a2-8node", workdir / f"a2-{request.param}", request.param)  # function scope: its etcd
+    yield c  # is gone before the next one's starts
     torn_down(c)
 
 
-@pytest.fixture
-def a3(workdir: Path):
+@pytest.fixture(params=RELEASES)
+def a3(request, workdir: Path):
     harness.require_tools(harness.ETCD_BINARY, "curl", "setsid")
-    c = deployed("a3-4node", workdir / "a3")
+    c = deployed("a3-4node", workdir / f"a3-{request.param}", request.param)
     yield c
     torn_down(c)
 
@@ -94,6 +104,16 @@ def changed(c: harness.Cluster, role: str, **flags) -> harness.Cluster:
 def proxy_counts(c: harness.Cluster) -> tuple[int, int]:
     h = requests.get(f"{c.any_plan.proxy.url}/healthcheck", timeout=5).json()
     return h["prefill_instances"], h["decode_instances"]
+
+
+def served(c: harness.Cluster, role: str) -> dict[str, float]:
+    """Requests each instance of `role` finished, summed over its ranks' /metrics."""
+    out: dict[str, float] = {}
+    for rank in c.any_plan.ranks_of(role):
+        text = requests.get(f"http://{rank.address}:{rank.port}/metrics", timeout=5).text
+        out[rank.instance_name] = out.get(rank.instance_name, 0.0) + sum(
+            float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:request_success_total"))
+    return out
 
 
 def role_nodes(c: harness.Cluster, role: str) -> list[str]:
@@ -116,7 +136,13 @@ def test_prefill_flag_change_keeps_the_role_serving(a2: harness.Cluster):
         results = roll(new, "prefill")
         took = time.monotonic() - t0
         time.sleep(2)
+        served_before = served(new, "prefill")
+        time.sleep(3)
+        served_after = served(new, "prefill")
     line = load.report(f"prefill flag change on a2-8node ({took:.0f} s for 4 instances)")
+    # Every instance is back in service, not only listed: each takes requests after the roll (0.23's
+    # proxy as shipped lists a re-added instance but leaves it out while any request is in flight).
+    assert all(served_after[i] > served_before[i] for i in served_after), (served_before, served_after)
     for key, r in results.items():
         assert "its ranks' commands changed" in r.stdout, key
         assert "out of the proxy (the other 3 instance(s) of its role" in r.stdout, key
@@ -167,7 +193,7 @@ IMAGE_BASE = {
     "etcd": {"node": "d0"}, "proxy": {"node": "d0"},
     "yuanrong": {"stopTimeoutS": 5}, "rollout": {"drainTimeoutS": 60},
 }
-NEW_IMAGE = "quay.io/ascend/vllm-ascend:v0.20.3"
+NEW_IMAGE = "quay.io/ascend/vllm-ascend:v0.20.2rc1-rebuild"  # a new image of the same release
 
 
 @pytest.fixture(scope="module")

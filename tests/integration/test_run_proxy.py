@@ -1,5 +1,6 @@
 """The rendered PD proxy create/delete, run for real: the release's own proxy script (vllm-ascend
-0.18.0 for a3-4node, 0.20.2rc1 for a2-8node, fetched by tests/proxy_release.py) with the argv the plan
+0.18.0 for a3-4node, 0.20.2rc1 for a2-8node and 0.23.0.post1 for a2-8node upgraded as docs/changes.md
+says, fetched by tests/proxy_release.py) with the argv the plan
 renders, in front of fake ranks that hand KV from prefill to decode the way the Mooncake connector
 does. The smoke completion must prove that a prefill and a decode rank both served it; a broken decode
 side, a decode-only fallback and a bypassed prefill are each reported as such."""
@@ -15,7 +16,10 @@ import pytest
 import requests
 
 import proxy_release
+import release_upgrade
 import run_harness as harness
+
+from ascend_pd import releases
 
 pytestmark = pytest.mark.integration
 
@@ -213,24 +217,30 @@ def test_decoders_down_fail_the_smoke(stack: harness.Cluster):
         c.run_many(launches(c, nodes))
 
 
-@pytest.fixture(scope="module")
-def a2(workdir: Path) -> harness.Cluster:
+@pytest.fixture(scope="module", params=["0.20.2rc1", release_upgrade.RELEASE])
+def a2(request, workdir: Path) -> harness.Cluster:
+    """a2-8node as committed (0.20.2rc1), and upgraded to 0.23.0.post1 as docs/changes.md says."""
     harness.require_tools("curl", "setsid")
-    c = harness.Cluster("a2-8node", workdir / "a2", overrides={"proxy": {"readyTimeoutS": READY_TIMEOUT_S}})
+    upgrade = release_upgrade.overrides("a2-8node") if request.param == release_upgrade.RELEASE else {}
+    c = harness.Cluster("a2-8node", workdir / f"a2-{request.param}",
+                        overrides={**upgrade, "proxy": {"readyTimeoutS": READY_TIMEOUT_S}})
     yield c
     c.run(c.any_plan.proxy.node, "proxy", "delete", check=False)
     c.run_many(launches(c), "delete", check=False)
 
 
 def test_a2_release_proxy_serves_all_forty_ranks(a2: harness.Cluster):
-    """0.20.2rc1's proxy in front of 4 prefill instances (8 ranks, tp 4) and one DP32 decode instance."""
+    """Each release's proxy in front of 4 prefill instances (8 ranks, tp 4) and one DP32 decode instance:
+    0.20.2rc1's `ProxyState` and 0.23.0.post1's rewritten `SharedProxyScheduler`, both through the launcher."""
     c = a2
     c.run_many(launches(c))
     p = c.any_plan.proxy
     r = c.run(p.node, "proxy")
     assert f"proxy ready at {p.url} (8 prefill, 32 decode)" in r.stdout
     assert "smoke completion ok" in r.stdout
-    assert harness.cmdline(c.pid(p.node, "proxy"))[2] == str(proxy_release.for_stack("a2-8node"))
+    release = releases.release_named(c.any_plan.node(p.node).image)
+    assert release == ("0.20.2rc1" if "0.20.2rc1" in c.tmp.name else release_upgrade.RELEASE)
+    assert harness.cmdline(c.pid(p.node, "proxy"))[2] == str(proxy_release.for_release(release))
     # Every prefill rank's side channel is where the plan put it (kv_port + dp_rank * tp).
     for rank in c.any_plan.ranks_of("prefill"):
         log = (c.log_dir(rank.node) / f"{rank.name}.log").read_text()

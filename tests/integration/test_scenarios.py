@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 import engine_harness as eh
+import proxy_release
+import release_upgrade
 import run_harness as harness
 
 from ascend_pd.engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE
@@ -132,8 +134,12 @@ def test_etcd_moves_into_its_own_container_and_back(dep: eh.Deployment):
 
 
 def test_a_new_image_replaces_every_container_and_what_runs_in_it(dep: eh.Deployment):
-    run = dep.up({"container": {"image": "quay.io/ascend/vllm-ascend:v0.20.3"}})
+    # The documented upgrade to vllm-ascend 0.23.0.post1 (docs/changes.md): a new image everywhere, and
+    # the release's rewritten PD proxy behind the launcher; the scenarios after this one run on it.
+    run = dep.up(release_upgrade.overrides(STACK))
     assert run.outcome.ok, run.failures()
+    p = dep.cluster.any_plan.proxy
+    assert harness.cmdline(dep.cluster.pid(p.node, "proxy"))[2] == str(proxy_release.for_release(release_upgrade.RELEASE))
     ops = run.ops()
     for n in dep.cluster.nodes:
         assert ops.index((DELETE_REPLACED, f"{n}-launch")) < ops.index((DELETE_REPLACED, f"{n}-container"))

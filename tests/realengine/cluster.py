@@ -52,18 +52,15 @@ class Image:
     wheel: str
     proxies: dict
 
-    def proxy_for(self, stack: str) -> str:
-        import proxy_release
-
-        return self.proxies[proxy_release.STACK_RELEASE[stack]]
-
 
 class RealCluster:
     """`stack` on `len(stack's nodes)` real nodes, deployed and changed by the real engine."""
 
-    def __init__(self, stack: str, workdir: Path, *, spare: int = 0, **overrides: Any) -> None:
-        """`spare` nodes beyond the stack's (x0, x1, ...): machines a scenario adds to the stack."""
+    def __init__(self, stack: str, workdir: Path, *, spare: int = 0, upgrade: bool = False, **overrides: Any) -> None:
+        """`spare` nodes beyond the stack's (x0, x1, ...): machines a scenario adds to the stack;
+        `upgrade`: the stack upgraded to vllm-ascend 0.23.0.post1 as docs/changes.md says."""
         self.stack = stack
+        self.upgrade = upgrade
         self.workdir = workdir
         names = [n["name"] for n in stacks.settings(stack)["nodes"]] + [f"x{i}" for i in range(spare)]
         self.fleet = nodes.Fleet(names, workdir / "fleet", npus=16 if stack.startswith("a3") else 8)
@@ -128,7 +125,7 @@ class RealCluster:
     # -- the stack -------------------------------------------------------------------------------
 
     def settings(self, **overrides: Any) -> dict[str, Any]:
-        return stacks.on_fleet(self.stack, self.fleet, self.image, **{**self.overrides, **overrides})
+        return stacks.on_fleet(self.stack, self.fleet, self.image, upgrade=self.upgrade, **{**self.overrides, **overrides})
 
     def configure(self, **overrides: Any) -> dict[str, Any]:
         """Write the stack file (the base overrides plus these) as the next `up` will read it."""

@@ -7,9 +7,9 @@ util-linux, numactl, git, jq) and Debian's etcd (the program's `install-etcd` st
 `etcd` and downloads nothing); a virtualenv /opt/venv first on PATH with the openYuanrong worker
 (dscli, datasystem_worker, `yr.datasystem`) at the version of this checkout's venv, and what the
 release PD proxy imports (fastapi, httpx, uvicorn); the openYuanrong wheel itself under
-/opt/wheels (a stack's `yuanrong.package` names it, and the prepare step's `pip install` finds
-everything installed); the fake vLLM (tests/fakes) as `vllm` on PATH; and the release proxy
-scripts under /opt/apd-proxy/<version>/.
+/opt/wheels (the stacks' `yuanrong.package` is its requirement, which the prepare step's `pip install`
+resolves from there offline, finding everything installed); the fake vLLM (tests/fakes) as `vllm` on
+PATH; and the proxy script of every release ascend-pd knows under /opt/apd-proxy/<version>/.
 
 Two cached layers under ~/.cache/ascend-pd/npu-image/: the Debian base (keyed by its package
 list; about 2 minutes) and the image (keyed by everything copied in: editing a fake rebuilds only
@@ -118,7 +118,7 @@ def _wheels(dest: Path, pins: dict[str, str]) -> Path:
 
 def ensure_image() -> ImageBuild:
     t0 = time.monotonic()
-    proxies = {v: proxy_release.fetch(v) for v in sorted(set(proxy_release.STACK_RELEASE.values()))}
+    proxies = {v: proxy_release.fetch(v) for v in proxy_release.RELEASES}
     pins = {p: version(p) for p in PIP_PACKAGES}
     fakes = {f: (FAKES / f).read_bytes() for f in FAKE_FILES}
     key = _key(RECIPE_REV, SUITE, DEBIAN_PACKAGES, pins, CHANGES,

@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import release_upgrade
 from quiet_worker import QUIET_WORKER_FLAGS
+
+from ascend_pd import releases
 from ascend_pd.loader import cli_config_map
 
 PROJECT = "ascend-pd"
@@ -33,11 +36,21 @@ def settings(stack: str) -> dict[str, Any]:
     return out
 
 
-def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, **overrides) -> dict[str, Any]:
+def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, upgrade: bool = False,
+             **overrides) -> dict[str, Any]:
     """The stack remapped onto `fleet` (node i of the stack on the fleet's node i), pulling `image`
-    (an ImageBuild pushed as `image.ref`). `overrides` replace top-level settings one level deep
-    (a dict merges into the setting, None removes it)."""
-    raw = settings(stack)
+    (an ImageBuild pushed as `image.ref`); with `upgrade`, the stack upgraded to vllm-ascend
+    0.23.0.post1 as docs/changes.md says (tests/release_upgrade.py) first. `overrides` replace
+    top-level settings one level deep (a dict merges into the setting, None removes it).
+
+    The test image's tag names no release: `vllmAscend.release` keeps the one the stack's own image
+    runs, which picks the release's proxy script in the image and the checks the plan applies. The
+    openYuanrong worker is installed as the requirement pip resolves for the image's Python, offline
+    from the image's /opt/wheels (PIP_NO_INDEX, PIP_FIND_LINKS in the container's env), as a
+    cluster without an index would."""
+    raw = release_upgrade.upgraded(settings(stack)) if upgrade else settings(stack)
+    release = releases.release_named(raw["container"]["image"], raw.get("vllmAscend", {}).get("release"))
+    raw["vllmAscend"] = {**raw.get("vllmAscend", {}), "release": release}
     nodes = raw["nodes"]
     if names:  # the stack's node names, renamed (formerNames and all) by a scenario
         nodes = names
@@ -52,7 +65,8 @@ def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, **over
         "perDialTimeoutS": 5,
     }
     c = raw["container"]
-    c.update(image=image.ref, shmSize="1g", pullTimeoutS=600, env={})
+    c.update(image=image.ref, shmSize="1g", pullTimeoutS=600,
+             env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": image.wheel.rsplit("/", 1)[0]})
     # The stacks' pip and patch steps reach PyPI and the image's vLLM sources; one offline pip step
     # keeps a preparation step beyond the worker's install in the chain.
     c["prepare"] = [{"pip": ["--no-index", "--no-deps", image.wheel]}] if c.get("prepare") else []
@@ -61,13 +75,14 @@ def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, **over
     raw["model"] = {**raw["model"], "path": MODEL_DIR}
     raw["vllm"] = {**raw.get("vllm", {}), "readyTimeoutS": 60, "stopTimeoutS": 5}
     y = raw["yuanrong"]
-    y.update(package=image.wheel, sharedMemoryMb=64, hugeTlb=False, startTimeoutS=120, stopTimeoutS=10,
+    wheel_version = image.wheel.rsplit("/", 1)[1].split("-")[1]
+    y.update(package=f"openyuanrong-datasystem=={wheel_version}", sharedMemoryMb=64, hugeTlb=False, startTimeoutS=120, stopTimeoutS=10,
              nodeTimeoutS=5, nodeDeadTimeoutS=10, flags={**QUIET_WORKER_FLAGS, **y.get("flags", {})})
     y.pop("interleave", None)  # numactl --interleave over NUMA nodes this machine does not have
     if "hugepages" in raw:
         raw["hugepages"] = {"gib": 1}  # the node's own vm.nr_hugepages (node_init.sh)
     raw["etcd"] = {**raw["etcd"], "startTimeoutS": 30}
-    raw["proxy"] = {**raw["proxy"], "script": image.proxy_for(stack), "python": "python3",
+    raw["proxy"] = {**raw["proxy"], "script": image.proxies[release], "python": "python3",
                     "readyTimeoutS": 120, "smokeTimeoutS": 60}
     # The fake nodes have no RoCE fabric or CANN: the gate is tested against fake Ascend nodes
     # behind sshd (tests/test_preflight_doctor.py).
