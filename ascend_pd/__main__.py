@@ -232,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--known-hosts", metavar="FILE",
                     help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
                     "~/.ssh/known_hosts)")
+    dr.add_argument("--print-host-keys", action="store_true",
+                    help="print the SSH host key every node presents now, as the ssh.hostKeys block to pin (after "
+                    "checking each on the node) and known_hosts lines; runs no check")
     dr.add_argument("--timeout", type=_seconds(1.0, MAX_TIMEOUT_S), metavar="S", default=30.0,
                     help="deadline of each node's run, connection included (default 30)")
     dr.add_argument("--connect-timeout", type=_seconds(1.0, 120.0), metavar="S", default=5.0,
@@ -330,7 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         return diff_run(files.name, project_dir=files.stack_file.parent, base=args.base, base_file=args.base_file,
                         fmt=args.format, preview_json=args.preview_json)
     try:
-        plan = open_stack(args.stack, args.project_dir, stack_file=args.stack_file).build_plan()
+        stack = open_stack(args.stack, args.project_dir, stack_file=args.stack_file)
+        if args.command == "doctor" and args.print_host_keys:  # what to pin: the stack may have no keys yet
+            return _print_host_keys(stack, args.connect_timeout)
+        plan = stack.build_plan()
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -478,6 +484,18 @@ def _logs_or_bundle(plan, args) -> int:
         return 2
     return run(plan, picked, targets, tail=args.tail, since=args.since, grep=args.grep, follow_=args.follow,
                timeout_s=args.timeout)
+
+
+def _print_host_keys(stack, timeout_s: float) -> int:
+    import dataclasses
+
+    from .hostkeys import print_host_keys
+
+    cfg = stack.config
+    unpinned = cfg.model_copy(update={"ssh": cfg.ssh.model_copy(update={"insecure_ignore_host_keys": True})})
+    text, complete = print_host_keys(dataclasses.replace(stack, config=unpinned).build_plan(), timeout_s=timeout_s)
+    print(text)
+    return 0 if complete else 1
 
 
 def _doctor(plan, args) -> int:

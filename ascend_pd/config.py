@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Optional, Sequence, Union
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .valuetypes import (SECONDS, AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey,
-                         HostPort, ImageRef, Interleave, IPv4, ModelName, Name, Nic, OwnedFile, OwnedPath, Port,
+                         HostPort, ImageRef, Interleave, IPv4, IPv4Net, ModelName, Name, Nic, OwnedFile, OwnedPath, Port,
                          PythonIdentifier, PythonModule, ReleaseName, Seconds, Settings, SoftwareVersion, SshUser, Text, Word,
                          WorkerFlagKey)
 
@@ -32,19 +32,24 @@ HARDWARE_NPUS = {"atlas-800i-a2": 8, "atlas-800-a3": 16}
 # /workspace is container-local (not a host mount), so replacing the container starts clean.
 DEFAULT_STATE_DIR = "/workspace/ascend-pd"
 
-# The seeds' start-docker.sh mounts, minus /tmp-style scratch the program does not rely on being shared.
+# The seeds' start-docker.sh mounts, minus /tmp-style scratch the program does not rely on being shared:
+# (host, container, read-only). The guides mount all of them read-write, but nothing in the container
+# writes the driver, dcmi, npu-smi, /usr/local/sbin (on root's PATH), /etc/hccn.conf or the install info
+# (the guides run hccn_tool on the host): read-only, so a process in the privileged container cannot
+# rewrite what the host runs. /home, /mnt, /tmp and /data stay writable: the weights, the A3 guide's
+# patches and whatever the operator keeps there.
 DEFAULT_MOUNTS = (
-    ("/usr/local/Ascend/driver", "/usr/local/Ascend/driver"),
-    ("/usr/local/dcmi", "/usr/local/dcmi"),
-    ("/usr/local/bin/npu-smi", "/usr/local/bin/npu-smi"),
-    ("/etc/ascend_install.info", "/etc/ascend_install.info"),
-    ("/usr/local/sbin", "/usr/local/sbin"),
-    ("/etc/hccn.conf", "/etc/hccn.conf"),
-    ("/home", "/home"),
-    ("/mnt", "/mnt"),
-    ("/tmp", "/tmp"),
-    ("/data", "/data"),
-    ("/usr/share/zoneinfo/Asia/Shanghai", "/etc/localtime"),
+    ("/usr/local/Ascend/driver", "/usr/local/Ascend/driver", True),
+    ("/usr/local/dcmi", "/usr/local/dcmi", True),
+    ("/usr/local/bin/npu-smi", "/usr/local/bin/npu-smi", True),
+    ("/etc/ascend_install.info", "/etc/ascend_install.info", True),
+    ("/usr/local/sbin", "/usr/local/sbin", True),
+    ("/etc/hccn.conf", "/etc/hccn.conf", True),
+    ("/home", "/home", False),
+    ("/mnt", "/mnt", False),
+    ("/tmp", "/tmp", False),
+    ("/data", "/data", False),
+    ("/usr/share/zoneinfo/Asia/Shanghai", "/etc/localtime", True),
 )
 # The seeds work in an interactive `docker exec -it <container> bash`, whose ~/.bashrc and
 # /etc/profile source CANN's environment scripts; the non-interactive shell ascend-pd runs reads
@@ -102,10 +107,15 @@ class Ssh(_Model):
     port: Port(ge=1) = Field(22, description="SSH port of every node (the same on all of them).")
     host_keys: dict[Name, HostKey] = Field(
         default_factory=dict,
-        description="Pinned host public key of each node, by node name, that pulumi-command verifies (e.g. "
-                    "`ssh-ed25519 AAAA...`; RSA keys are refused). A node without one is not checked; pulumi-docker "
-                    "checks `~/.ssh/known_hosts` instead.",
+        description="Pinned host public key of every node, by node name, that pulumi-command and `doctor` verify "
+                    "(e.g. `ssh-ed25519 AAAA...`; RSA keys are refused). Required for every node: without one "
+                    "pulumi-command accepts any key, and the first `pulumi up` can be intercepted. "
+                    "`ascend-pd doctor --stack S --print-host-keys` prints what the nodes present, to verify and "
+                    "pin. pulumi-docker checks `~/.ssh/known_hosts` (the same command prints those lines).",
     )
+    insecure_ignore_host_keys: bool = Field(False, description=(
+        "Deploy although nodes have no pinned `hostKeys` (pulumi-command then accepts any host key): for a "
+        "throw-away cluster only."))
     dial_error_limit: int = Field(DEFAULT_DIAL_ERROR_LIMIT, strict=True, ge=1, le=1000,
                                   description="SSH connection attempts of pulumi-command before a command fails; "
                                               "with `perDialTimeoutS` it sets how long a rebooting node may stay "
@@ -405,6 +415,26 @@ class Rollout(_Model):
         "requests to finish; after it the ranks are stopped anyway (the requests still on them fail)."))
 
 
+class Firewall(_Model):
+    """The host firewall every node gets from the plan: nftables, a table of ascend-pd's own."""
+
+    enabled: bool = Field(True, description=(
+        "Load the table on every node before anything of the serving path starts: the cluster's nodes reach "
+        "each other on every port; `operators` reach what `status`, the exporter and Prometheus read; `clients` "
+        "reach the proxy's port; everyone reaches SSH; anything else from outside the cluster is dropped "
+        "(including the ports vLLM, torch and HCCL open at random). `false`: no table (destroy removes one "
+        "loaded before)."))
+    operators: list[IPv4Net] = Field(default_factory=list, description=(
+        "Addresses or networks of the machines that run `ascend-pd status`, `heal`, the exporter or a site's "
+        "Prometheus: they reach every rank's port, the workers, etcd's client port, the proxy, Prometheus and the "
+        "node_exporter port (SSH is open to all anyway). The cluster's own nodes always do."))
+    clients: list[IPv4Net] = Field(default_factory=lambda: ["0.0.0.0/0"], description=(
+        "Who reaches the proxy's port (the service's clients); default: anyone. The proxy's admin routes answer "
+        "the cluster's nodes only, whoever reaches the port."))
+    table: Annotated[Text, Field(pattern=r"^[a-z][a-z0-9_]{0,30}$")] = Field("ascend_pd", description=(
+        "Name of the `inet` table ascend-pd owns on every node; the operator's and docker's tables are untouched."))
+
+
 class Hang(_Model):
     """When a rank that answers `/health` counts as hung (`status`, the liveness probe, `heal`)."""
 
@@ -557,6 +587,8 @@ class StackConfig(_Model):
     rollout: Rollout = Field(default_factory=Rollout, description=(
         "Restarting serving instances: out of the proxy, drained, restarted, checked, back in; at most "
         "`maxUnavailable` instances of a role at a time."))
+    firewall: Firewall = Field(default_factory=Firewall, description=(
+        "The host firewall of every node, generated from the plan (nftables; docs/deploying.md, \"Security\")."))
     hang: Hang = Field(default_factory=Hang, description=(
         "Hang detection: how long a busy rank's token and success counters may stay flat."))
     monitoring: Monitoring = Field(default_factory=Monitoring, description=(

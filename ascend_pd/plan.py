@@ -193,6 +193,24 @@ class Plan:
         """The instance whose ranks run on `node` (a node serves at most one), or None."""
         return next((i for i in self.instances if node in i.nodes), None)
 
+    def service_ports(self, node: str) -> tuple[tuple[int, str], ...]:
+        """(port, what) of every fixed TCP port this stack's services listen on at `node` that a machine
+        outside the cluster reads: `status` and the exporter (ranks, workers, etcd's client port, the
+        proxy), Prometheus (also its own port and the site's node_exporter). The firewall opens exactly
+        these to `firewall.operators`."""
+        out = [(r.port, r.name) for r in self.ranks if r.node == node]
+        out.append((int(self.worker(node).address.rsplit(":", 1)[1]), "openYuanrong worker"))
+        if node == self.etcd.node:
+            out.append((self.etcd.client_port, "etcd client"))
+        if node == self.proxy.node:
+            out.append((self.proxy.port, "PD proxy"))
+        m = self.cfg.monitoring
+        if node == m.node:
+            out.append((m.port, "Prometheus"))
+        if m.node_exporter_port is not None:
+            out.append((m.node_exporter_port, "node_exporter"))
+        return tuple(out)
+
     @property
     def up_parallelism(self) -> int:
         """What to pass as `pulumi up --parallel`: every node's image pull, huge pages and launch can
@@ -405,7 +423,7 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     """The plan, or a ConfigError with every problem of the settings and of the releases the images run
     (ascend_pd/releases.py); the releases' warnings ride along as `Plan.warnings`."""
     release_errors, warnings = check_releases(cfg)
-    problems = _validate(cfg) + release_errors
+    problems = _validate(cfg, stack) + release_errors
     if problems:
         raise ConfigError(problems)
     nodes = {n.name: n for n in cfg.nodes}

@@ -87,7 +87,7 @@ def _check_env_keys(problems: list[Problem], where: tuple, env: dict) -> None:
 
 def _protected_mounts(cfg: StackConfig) -> tuple[str, ...]:
     """Container paths whose contents live on the host: the bind mounts."""
-    mounts = [c for _, c in DEFAULT_MOUNTS] + [m.container for m in cfg.container.extra_mounts]
+    mounts = [c for _, c, _ in DEFAULT_MOUNTS] + [m.container for m in cfg.container.extra_mounts]
     return tuple(m.rstrip("/") or "/" for m in mounts)
 
 
@@ -116,7 +116,7 @@ def _check_owned_paths(p: list[Problem], cfg: StackConfig) -> None:
             p.append(Problem(setting(*where), f"{path!r} is ascend-pd:stateDir itself", "use a path of its own"))
 
 
-def _validate(cfg: StackConfig) -> list[Problem]:
+def _validate(cfg: StackConfig, stack: str = "<stack>") -> list[Problem]:
     p: list[Problem] = []
     names = [n.name for n in cfg.nodes]
     addresses = [n.address for n in cfg.nodes]
@@ -251,6 +251,13 @@ def _validate(cfg: StackConfig) -> list[Problem]:
     for key in cfg.ssh.host_keys:
         if key not in names:
             p.append(Problem(setting("ssh", "hostKeys", key), "unknown node", f"use one of {names}"))
+    unpinned = [n for n in names if n not in cfg.ssh.host_keys]
+    if unpinned and not cfg.ssh.insecure_ignore_host_keys:
+        p.append(Problem(setting("ssh", "hostKeys"), f"no pinned host key for {', '.join(unpinned)}: pulumi-command "
+                         "would accept any key from those addresses, and a first `pulumi up` could be intercepted",
+                         f"run `ascend-pd doctor --stack {stack} --print-host-keys`, check each key on the node itself "
+                         "(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on its console) and add them under "
+                         "ascend-pd:ssh.hostKeys; or, for a throw-away cluster, set ascend-pd:ssh.insecureIgnoreHostKeys: true"))
     _check_monitoring(p, cfg, names)
     if not p:
         p.extend(_port_collisions(cfg))

@@ -170,6 +170,19 @@ IPv4 = Annotated[str, StringConstraints(strict=True), AfterValidator(_ipv4),
                       plural="IPv4 addresses")]
 
 
+def _ipv4_net(v: str) -> str:
+    try:
+        ipaddress.IPv4Network(v, strict=True)  # `10.0.0.5`, `10.0.0.0/24`; host bits set in a range are refused
+    except ValueError as exc:
+        raise ValueError(f"{v!r} is not an IPv4 address or network like 10.0.0.5 or 10.0.0.0/24 ({exc})") from None
+    return v
+
+
+IPv4Net = Annotated[str, StringConstraints(strict=True), AfterValidator(_ipv4_net),
+                    Kind("IPv4 network", "an IPv4 address or CIDR network, e.g. `10.0.0.5` or `10.0.0.0/24`",
+                         plural="IPv4 networks")]
+
+
 def _absolute(v: str) -> str:
     if not v.startswith("/"):
         raise ValueError(f"{v!r} is not an absolute path")

@@ -31,6 +31,15 @@ def sub(old: str, new: str, count: int = 1):
     return edit
 
 
+def re_sub(pattern: str, new: str):
+    """A regular-expression edit of the stack file that must apply once."""
+    def edit(text: str) -> str:
+        out, n = re.subn(pattern, new, text, count=1)
+        assert n == 1, pattern
+        return out
+    return edit
+
+
 def add(section: str, line: str):
     """Add `line` (indented 4) as the first line of `ascend-pd:<section>:`."""
     return sub(f"  ascend-pd:{section}:\n", f"  ascend-pd:{section}:\n    {line}\n")
@@ -126,7 +135,7 @@ CASES = {
                                    "no leading zeros"),
     "address with non-ASCII digits": (sub("address: 192.0.2.30,", "address: \u0661\u0669\u0662.0.2.30,"),
                                       "ascend-pd:nodes[0].address", "IPv4"),
-    "RSA host key": (sub("config:\n", "config:\n  ascend-pd:ssh: {hostKeys: {p0: 'ssh-rsa AAAAB3NzaC1yc2E'}}\n"),
+    "RSA host key": (re_sub(r"      p0: ssh-ed25519 \S+\n", "      p0: ssh-rsa AAAAB3NzaC1yc2E\n"),
                      "ascend-pd:ssh.hostKeys.p0", "ed25519"),
     "a quoted port": (sub("port: 8088", 'port: "8088"'), "ascend-pd:proxy.port", "write the number without quotes"),
     "a misspelt namespace": (sub("config:\n", "config:\n  ascend_pd:preflight: {mode: warn}\n"), "ascend_pd:preflight",

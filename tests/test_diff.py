@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pulumi_harness import with_host_keys
+
 from ascend_pd.__main__ import main
 from ascend_pd.change import CHANGES, INVALID, NO_CHANGE, compare, exit_code, run
 from ascend_pd.change.compare import graph_of, plan_of
@@ -407,6 +409,7 @@ def test_a_node_renamed_without_former_names_will_fail_on_the_container_name():
     new = edited("a2-8node", "nodes", rename)
     new.config["ascend-pd:decode"] = json.dumps({**json.loads(new.config["ascend-pd:decode"]),
                                                  "nodes": ["d0", "d1", "d2", "d3x"]})
+    new = Side("edited", with_host_keys(new.config))
     change = compare("a2-8node", base("a2-8node"), new)
     first = verdict(change)
     assert first.startswith("this run will fail: `d3x-container`") and "formerNames: [d3]" in first
@@ -428,6 +431,7 @@ def test_a_rename_with_former_names_in_a_multi_node_group_has_a_finite_time_and_
     new = edited("a2-8node", "nodes", rename)
     new.config["ascend-pd:decode"] = json.dumps({**json.loads(new.config["ascend-pd:decode"]),
                                                  "nodes": ["d0", "d1", "d2", "d3x"]})
+    new = Side("edited", with_host_keys(new.config))
     change = compare("a2-8node", base("a2-8node"), new)
     assert not change.effect.timing.stalled and change.effect.up_s < MODEL_LOAD_S
     assert "never" not in text(change)

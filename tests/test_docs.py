@@ -137,7 +137,8 @@ def test_components_are_the_component_resources_of_the_package():
                if inspect.isclass(cls) and issubclass(cls, pulumi.ComponentResource)}
     documented = {c.name: c for c in docs.components()}
     assert set(documented) == set(classes) == {"HugepageHost", "NpuContainer", "EtcdSingle", "YuanrongWorker",
-                                               "VllmDpGroup", "PdProxy", "NodePreflight", "PrometheusServer"}
+                                               "VllmDpGroup", "PdProxy", "NodePreflight", "PrometheusServer",
+                                               "HostFirewall"}
     for name, c in documented.items():
         assert c.token == f"ascend-pd:index:{name}"
         hints = typing.get_type_hints(classes[name].__init__)

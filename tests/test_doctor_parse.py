@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import json
 
 from ascend_pd.doctor import Row, cross_checks, parse, peers, ping_targets
@@ -63,7 +66,15 @@ def test_ssh_targets_and_argv():
     assert (t.address, t.user, t.port) == ("192.0.2.20", "root", 22)
     argv = t.argv()
     assert argv[:4] == ["ssh", "-T", "-o", "BatchMode=yes"] and argv[-3:] == ["--", "192.0.2.20", "bash -s"]
-    assert "IdentitiesOnly=yes" in argv and not any(a.startswith("UserKnownHostsFile") for a in argv)
+    assert "IdentitiesOnly=yes" in argv
+    # The committed stack pins every node's host key: doctor checks exactly those (a private known_hosts).
+    known = next(a.split("=", 1)[1] for a in argv if a.startswith("UserKnownHostsFile="))
+    assert "StrictHostKeyChecking=yes" in argv
+    assert Path(known).read_text() == "".join(known_hosts_line(n.address, 22, A2.cfg.ssh.host_keys[n.name])
+                                              for n in A2.nodes)
+    unpinned = dataclasses.replace(A2, cfg=A2.cfg.model_copy(update={"ssh": A2.cfg.ssh.model_copy(
+        update={"host_keys": {}, "insecure_ignore_host_keys": True})}))
+    assert not any(a.startswith("UserKnownHostsFile") for a in ssh_targets(unpinned)["d0"].argv())
     pinned = Target("n", "10.0.0.1", "root", 2222, known_hosts_file="/kh").argv()
     assert "UserKnownHostsFile=/kh" in pinned and "StrictHostKeyChecking=yes" in pinned
     assert known_hosts_line("10.0.0.1", 2222, "ssh-ed25519 AAAA ") == "[10.0.0.1]:2222 ssh-ed25519 AAAA\n"

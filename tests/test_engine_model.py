@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from pulumi_harness import COMMAND, CONTAINER, DOCKER_PROVIDER, IMAGE, PROJECT, run_program, stack_config
+from pulumi_harness import COMMAND, CONTAINER, DOCKER_PROVIDER, IMAGE, PROJECT, run_program, stack_config, with_host_keys
 
 from ascend_pd.engine.capture import Graph
 from ascend_pd.engine.model import (CREATE, DELETE, DELETE_REPLACED, REPLACE, SAME, UPDATE, execute, plan_destroy,
@@ -114,10 +114,11 @@ def test_a_renamed_node_with_its_former_name_keeps_every_resource(base):
 
     raw = edited("a2-8node", "nodes", rename)
     raw[f"{PROJECT}:prefill"] = json.dumps({**json.loads(raw[f"{PROJECT}:prefill"]), "nodes": ["p0", "p1", "p2", "p3x"]})
+    raw = with_host_keys(raw)
     steps = plan_up(base["a2-8node"].regs, graph("a2-8node", raw))
     ops = acting(steps)
     assert {op for op, _ in ops} == {UPDATE}, ops  # scripts name the node: updated, nothing replaced
-    assert {n for _, n in ops} == {"p3x-launch", "p3x-worker", "p3x-probes", "p3x-install-yuanrong", "p3x-nr-hugepages",
+    assert {n for _, n in ops} == {"p3x-launch", "p3x-worker", "p3x-probes", "p3x-install-yuanrong", "p3x-nr-hugepages", "p3x-firewall",
                                    "p3x-preflight"}
     # Without the former name every p3 resource is new, and the old ones go at the very end.
     raw2 = dict(raw, **{f"{PROJECT}:nodes": json.dumps(
@@ -198,7 +199,7 @@ def sixteen_nodes() -> dict[str, str]:
     raw[f"{PROJECT}:nodes"] = json.dumps(nodes)
     for role, names in (("prefill", [f"p{i}" for i in range(8)]), ("decode", [f"d{i}" for i in range(8)])):
         raw[f"{PROJECT}:{role}"] = json.dumps({**json.loads(raw[f"{PROJECT}:{role}"]), "nodes": names})
-    return raw
+    return with_host_keys(raw)
 
 
 @pytest.mark.parametrize("name", ["a2-8node", "a3-4node", "synthetic-16node"])
@@ -257,7 +258,7 @@ def test_a_multi_node_group_of_which_one_launch_changes_is_no_stalled_gang(base)
 
     raw = edited("a2-8node", "nodes", rename)
     raw[f"{PROJECT}:decode"] = json.dumps({**json.loads(raw[f"{PROJECT}:decode"]), "nodes": ["d0", "d1", "d2", "d3x"]})
-    g = graph("a2-8node", raw)
+    g = graph("a2-8node", with_host_keys(raw))
     steps = plan_up(base["a2-8node"].regs, g)
     gangs = launch_gangs(steps, g)
     assert all(steps[i].acts for gang in gangs for i in gang)

@@ -20,6 +20,7 @@ from pulumi_harness import (
     CONTAINER,
     DOCKER_PROVIDER,
     IMAGE,
+    with_host_keys,
     PROJECT,
     Run,
     run_program,
@@ -39,7 +40,8 @@ from ascend_pd.render import summary
 STACKS = ("a2-8node", "a3-4node")
 COMPONENT_TYPES = {
     f"ascend-pd:index:{n}"
-    for n in ("NodePreflight", "NpuContainer", "HugepageHost", "EtcdSingle", "YuanrongWorker", "VllmDpGroup", "PdProxy")
+    for n in ("NodePreflight", "HostFirewall", "NpuContainer", "HugepageHost", "EtcdSingle", "YuanrongWorker",
+              "VllmDpGroup", "PdProxy")
 }
 FAKE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAAtestkeyZZZ9\n-----END OPENSSH PRIVATE KEY-----\n"
 
@@ -115,6 +117,7 @@ def test_counts(stack, nodes, ranks, groups):
     assert len(commands_under(run, "YuanrongWorker")) == nodes
     assert len(components(run, "HugepageHost")) == nodes  # both stacks reserve huge pages
     assert len(commands_under(run, "HugepageHost")) == nodes
+    assert len(components(run, "HostFirewall")) == nodes and len(commands_under(run, "HostFirewall")) == nodes
     assert len(components(run, "EtcdSingle")) == 1 and len(commands_under(run, "EtcdSingle")) == 1
     assert len(components(run, "PdProxy")) == 1 and len(commands_under(run, "PdProxy")) == 1
     assert {g.name for g in components(run, "VllmDpGroup")} == set(groups)
@@ -171,6 +174,9 @@ def test_per_node_start_order(stack):
         worker = run.named(f"{n.name}-worker")
         hugepages = run.named(f"{n.name}-nr-hugepages")
         assert run.waits_for(container, run.named(f"{n.name}-image"))
+        # Nothing in the container listens before the node's firewall is loaded; the pull need not wait.
+        assert run.waits_for(container, run.named(f"{n.name}-firewall"))
+        assert not run.waits_for(run.named(f"{n.name}-image"), run.named(f"{n.name}-firewall"))
         launch = run.named(f"{n.name}-launch") if plan.instance_on(n.name) else None
         for step in scripts.prepare(plan, n.name):
             prepared = run.named(f"{n.name}-{step.name}")
@@ -245,7 +251,8 @@ def _script_of(plan, reg):
 def test_commands_delete_and_replacement(stack):
     run, plan = baseline(stack), plan_of(stack)
     container_ids = {n.name: f"{n.name}-container-id" for n in plan.nodes}
-    host_commands = {r.urn for r in commands_under(run, "HugepageHost") + commands_under(run, "NodePreflight")}
+    host_commands = {r.urn for r in commands_under(run, "HugepageHost") + commands_under(run, "NodePreflight")
+                     + commands_under(run, "HostFirewall")}
     etcd_id = f"{plan.etcd.node}-etcd-id"
     for reg in run.of_type(COMMAND):
         node = command_node(plan, reg)
@@ -317,7 +324,7 @@ def test_former_node_names_become_aliases():
     prefill = json.loads(raw[f"{PROJECT}:prefill"])
     prefill["nodes"] = ["p0", "p1new"]
     raw[f"{PROJECT}:prefill"] = json.dumps(prefill)
-    run = run_program(raw, stack="a3-4node")
+    run = run_program(with_host_keys(raw), stack="a3-4node")
     for suffix in ("npu", "docker", "image", "container", "install-yuanrong", "worker", "launch", "probes",
                    "yuanrong", "hugepages", "nr-hugepages", "preflight", "preflight-gate"):
         reg = run.named(f"p1new-{suffix}")
@@ -334,6 +341,7 @@ def test_scripts_pass_through_unchanged(stack):
     for n in plan.nodes:
         expected[f"{n.name}-preflight"] = scripts.preflight(plan, n.name)
         expected[f"{n.name}-nr-hugepages"] = scripts.hugepages(plan, n.name)
+        expected[f"{n.name}-firewall"] = scripts.firewall(plan, n.name)
         expected[f"{n.name}-worker"] = scripts.worker(plan, n.name)
         expected[f"{n.name}-probes"] = probes(plan, n.name)
         for s in scripts.prepare(plan, n.name):
@@ -368,6 +376,7 @@ def test_a_role_image_goes_to_that_roles_nodes_only():
     raw[f"{PROJECT}:nodes"] = json.dumps(json.loads(raw[f"{PROJECT}:nodes"])
                                          + [{"name": "x0", "address": "192.0.2.50", "nic": "enp3s0"}])
     raw[f"{PROJECT}:proxy"] = json.dumps({**json.loads(raw[f"{PROJECT}:proxy"]), "node": "x0"})
+    raw = with_host_keys(raw)
     run = run_program(raw, stack="a3-4node")
     base = load_stack("a3-4node").container.image
     want = {"p0": base, "p1": base, "d0": "quay.io/ascend/vllm-ascend:v0.18.0-a3-rebuild",
@@ -417,7 +426,9 @@ def test_container_extra_mounts_env_and_ssh_settings():
         c["env"] = {"https_proxy": "http://proxy.example:3128", "A": "1"}
 
     raw = with_object("a3-4node", "container", edit_container)
-    raw[f"{PROJECT}:ssh"] = json.dumps({"user": "ops", "port": 2222, "hostKeys": {"p1": "ssh-ed25519 AAAAC3pinned"}})
+    # Only p1 pinned: allowed by insecureIgnoreHostKeys alone; the others are not checked.
+    raw[f"{PROJECT}:ssh"] = json.dumps({"user": "ops", "port": 2222, "hostKeys": {"p1": "ssh-ed25519 AAAAC3pinned"},
+                                        "insecureIgnoreHostKeys": True})
     run, plan = run_program(raw, stack="a3-4node"), plan_of("a3-4node")
     for n in plan.nodes:
         assert run.named(f"{n.name}-docker").inputs["host"] == f"ssh://ops@{n.address}:2222"
@@ -545,7 +556,7 @@ def test_private_key_stays_secret():
     # ... and it is really used: every SSH connection carries it, wrapped as a secret.
     cmds = run.of_type(COMMAND)
     plan = plan_of("a2-8node")
-    assert len(cmds) == sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes) == 51
+    assert len(cmds) == sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes) == 59  # 51 + 8 firewalls
     for reg in cmds:
         assert is_rpc_secret(reg.inputs["connection"])
         assert unwrap(reg.inputs["connection"])["privateKey"] == FAKE_KEY

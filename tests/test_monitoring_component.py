@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from pulumi_harness import COMMAND, CONTAINER, DOCKER_PROVIDER, IMAGE, PROJECT, run_program, stack_config, \
+from pulumi_harness import COMMAND, CONTAINER, DOCKER_PROVIDER, IMAGE, PROJECT, run_program, stack_config, with_host_keys, \
     stack_output, unwrap
 
 from ascend_pd import docs, scripts, shell
@@ -230,7 +230,7 @@ def test_former_node_names_become_aliases():
     decode = json.loads(raw[f"{PROJECT}:decode"])
     decode["nodes"] = ["d1new" if n == "d1" else n for n in decode["nodes"]]
     raw[f"{PROJECT}:decode"] = json.dumps(decode)
-    run = run_program(raw, stack=STACK)
+    run = run_program(with_host_keys(raw), stack=STACK)
     for part in PARTS:
         assert f"d1-prometheus-{part}" in run.named(f"d1new-prometheus-{part}").aliases, part
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from preflight_nodes import MODEL_PATH, FakeCluster, SilentListener, meminfo, npu_ip, usable, vnic_ip
 
@@ -251,3 +252,36 @@ def test_a3_checks_vnics_and_hccs_ping(tmp_path_factory):
         assert report.rows["p0"]["ping"].detail == "95 pings answered"
     finally:
         c.stop_all()
+
+
+def test_print_host_keys_prints_what_each_node_presents(nodes):
+    # From a copy of the stack without any pinned key (which every other command refuses), the block
+    # to pin: every node's ed25519 key with its fingerprint, and known_hosts lines; a silent node is
+    # named, exit 1.
+    doc = yaml.safe_load((nodes.project / "Pulumi.a2-8node.yaml").read_text())
+    del doc["config"]["ascend-pd:ssh"]["hostKeys"]
+    unpinned = nodes.tmp / "unpinned"
+    unpinned.mkdir(exist_ok=True)
+    (unpinned / "Pulumi.yaml").write_text((nodes.project / "Pulumi.yaml").read_text())
+    (unpinned / "Pulumi.a2-8node.yaml").write_text(yaml.safe_dump(doc))
+    base = [sys.executable, "-m", "ascend_pd", "doctor", "--stack", "a2-8node", "--project-dir", str(unpinned)]
+    refused = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert refused.returncode == 2 and "no pinned host key for p0, p1, p2, p3, d0, d1, d2, d3" in refused.stderr
+    assert "ascend-pd doctor --stack a2-8node --print-host-keys" in refused.stderr
+    pub = " ".join((nodes.tmp / "host_ed25519.pub").read_text().split()[:2])
+    fingerprint = subprocess.run(["ssh-keygen", "-lf", str(nodes.tmp / "host_ed25519.pub")], capture_output=True,
+                                 text=True).stdout.split()[1]
+    r = subprocess.run(base + ["--print-host-keys"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pinned = yaml.safe_load("\n".join(ln for ln in r.stdout.splitlines() if ln.startswith("  ")))
+    assert pinned == {"ascend-pd:ssh": {"hostKeys": {n: pub for n in nodes.nodes}}}
+    assert r.stdout.count(f"# {fingerprint}") == len(nodes.nodes)
+    assert f"[{nodes.nodes['p0'].address}]:2222 {pub}" in r.stdout.splitlines()
+    nodes.stop("d1")
+    try:
+        r = subprocess.run(base + ["--print-host-keys", "--connect-timeout", "2"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+    finally:
+        nodes.start("d1")
+        nodes.wait_ready(["d1"])
+    assert r.returncode == 1 and f"# d1 ({nodes.nodes['d1'].address}):" in r.stdout

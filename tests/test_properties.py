@@ -43,6 +43,7 @@ def topology(draw):
         "hardware": hardware,
         "nodes": nodes,
         "container": {"name": "c", "image": "img:v0.20.2rc1", "shmSize": "64g"},
+        "ssh": {"insecureIgnoreHostKeys": True},
         "model": {"path": "/m", "servedName": "m"},
         "prefill": {k: v for k, v in pre.items() if k != "instances"} | {"nodes": names[:n_pre], "kvPort": pre_kv},
         "decode": {k: v for k, v in dec.items() if k != "instances"} | {"nodes": names[n_pre : n_pre + n_dec],

@@ -6,6 +6,7 @@ only transport (SSH, docker exec), providers, dependencies and lifecycle options
 
 from .cluster import deploy
 from .etcd_single import EtcdSingle
+from .host_firewall import HostFirewall
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
@@ -14,5 +15,5 @@ from .prometheus_server import PrometheusServer
 from .vllm_dp_group import VllmDpGroup
 from .yuanrong_worker import YuanrongWorker
 
-__all__ = ["deploy", "EtcdSingle", "HugepageHost", "NodePreflight", "NpuContainer", "PdProxy", "PrometheusServer", "VllmDpGroup",
+__all__ = ["deploy", "EtcdSingle", "HostFirewall", "HugepageHost", "NodePreflight", "NpuContainer", "PdProxy", "PrometheusServer", "VllmDpGroup",
            "YuanrongWorker"]

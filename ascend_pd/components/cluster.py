@@ -2,8 +2,9 @@
 
 Start order per node (every arrow is a dependency; nodes proceed independently):
 
-    <node>-preflight ----> <node>-docker, <node>-image, <node>-container, <node>-nr-hugepages
+    <node>-preflight ----> <node>-docker, <node>-image, <node>-container, <node>-nr-hugepages, <node>-firewall
                            (unless preflight.mode is off; so everything below waits for it)
+    <node>-firewall -----> <node>-container (unless firewall.enabled is false: nothing listens before it)
     <node>-container --+--> <node>-install-yuanrong -> <node>-<stack's pip/patch steps...> --+
           |            +--> <etcd node>-install-etcd -> <etcd node>-etcd                      |
           +--> <node>-probes         |                         |                              |
@@ -38,6 +39,7 @@ from ascend_pd.plan import Plan
 from ascend_pd.scripts.prometheus import config_files, digest, server
 
 from .etcd_single import EtcdSingle
+from .host_firewall import HostFirewall
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
@@ -64,6 +66,13 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
                 opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("preflight-gate")]),
                 node=node, conn=conns[node.name], script=scripts.preflight(plan, node.name),
             )
+        firewall = None
+        if cfg.firewall.enabled:
+            firewall = HostFirewall(
+                f"{node.name}-host-firewall",  # its Command is <node>-firewall
+                opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("host-firewall")]),
+                node=node, conn=conns[node.name], script=scripts.firewall(plan, node.name), preflight=preflight,
+            )
         npus[node.name] = NpuContainer(
             f"{node.name}-npu",
             opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("npu")]),
@@ -73,6 +82,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
             conn=conns[node.name],
             prepare=scripts.prepare(plan, node.name),
             preflight=preflight,
+            firewall=firewall,
         )
         if cfg.hugepages is not None:
             hugepages[node.name] = HugepageHost(

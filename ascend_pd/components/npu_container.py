@@ -13,6 +13,7 @@ from ascend_pd.config import DEFAULT_DEVICES, DEFAULT_MOUNTS, Container, Ssh, do
 from ascend_pd.plan import NodePlan
 from ascend_pd.shell import Script
 
+from .host_firewall import HostFirewall
 from .preflight import NodePreflight
 from .transport import ContainerTarget, _aliases, container_command
 from .values import DOCKER_SSH_OPTS, container_envs, docker_host, volume_specs
@@ -65,11 +66,14 @@ class NpuContainer(pulumi.ComponentResource):
         conn: remote.ConnectionArgs,
         prepare: Sequence[Script],
         preflight: Optional[NodePreflight] = None,
+        firewall: Optional[HostFirewall] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("ascend-pd:index:NpuContainer", name, None, opts)
         # Nothing of this node is touched (no pull, no container) until its preflight passed.
         after = [preflight.command] if preflight else []
+        # Nothing in the container listens before the node's firewall is loaded (the pull may go first).
+        guarded = after + ([firewall.command] if firewall else [])
 
         self.provider = docker.Provider(
             f"{node.name}-docker",
@@ -119,7 +123,7 @@ class NpuContainer(pulumi.ComponentResource):
                 provider=self.provider,
                 # The name is fixed: a second container with it cannot exist next to the first.
                 delete_before_replace=True,
-                depends_on=after,
+                depends_on=guarded,
                 aliases=_aliases(node.names_of("container")),
             ),
         )

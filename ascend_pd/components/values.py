@@ -31,9 +31,9 @@ def container_envs(env: Mapping[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(env.items())]
 
 
-def volume_specs(default_mounts: tuple[tuple[str, str], ...], extra: list[Mount]) -> list[dict[str, Any]]:
+def volume_specs(default_mounts: tuple[tuple[str, str, bool], ...], extra: list[Mount]) -> list[dict[str, Any]]:
     """The seeds' mounts plus the stack's extra mounts, as {host, container, read_only}."""
-    out = [{"host": h, "container": c, "read_only": False} for h, c in default_mounts]
+    out = [{"host": h, "container": c, "read_only": ro} for h, c, ro in default_mounts]
     out += [{"host": m.host, "container": m.container, "read_only": m.read_only} for m in extra]
     return out
 

@@ -14,6 +14,7 @@ from ..plan import Plan
 from ..probes import probes
 from ..shell import Script
 from .etcd import etcd
+from .firewall import firewall
 from .hugepages import hugepages
 from .launch import launch
 from .preflight import preflight
@@ -28,6 +29,8 @@ def node_scripts(plan: Plan, node: str) -> tuple[Script, ...]:
     out: list[Script] = []
     if plan.cfg.preflight.mode != "off":  # before anything else on the node
         out.append(preflight(plan, node))
+    if plan.cfg.firewall.enabled:  # before anything of the serving path listens
+        out.append(firewall(plan, node))
     if plan.cfg.hugepages:
         out.append(hugepages(plan, node))
     out += prepare(plan, node)
@@ -45,5 +48,5 @@ def node_scripts(plan: Plan, node: str) -> tuple[Script, ...]:
     return tuple(out)
 
 
-__all__ = ["node_scripts", "hugepages", "prepare", "etcd", "worker", "launch", "preflight", "proxy", "probes",
+__all__ = ["node_scripts", "firewall", "hugepages", "prepare", "etcd", "worker", "launch", "preflight", "proxy", "probes",
            "prometheus", "prometheus_config", "prometheus_reload", "Script"]

@@ -85,6 +85,7 @@ def small_stack(
         "proxy": {"node": proxy_node, "port": proxy_port, "script": RELEASE_PROXY,
                   "python": sys.executable},
         "stateDir": str(tmp / "state"),
+        "ssh": {"insecureIgnoreHostKeys": True},  # nothing here is reached over SSH
     }
 
 

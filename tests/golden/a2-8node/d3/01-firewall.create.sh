@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# ascend-pd a2-8node: host firewall (nftables table inet ascend_pd) on d3
+set -euo pipefail
+node=d3
+table=ascend_pd
+
+if ! command -v nft >/dev/null 2>&1; then
+  echo "nft is missing on $node: install nftables (apt-get install nftables), or set ascend-pd:firewall.enabled: false" >&2
+  exit 1
+fi
+nft -f - <<'ASCEND_PD_NFT'
+table inet ascend_pd
+delete table inet ascend_pd
+table inet ascend_pd {
+  set cluster { type ipv4_addr; elements = { 192.0.2.10, 192.0.2.11, 192.0.2.12, 192.0.2.13, 192.0.2.20, 192.0.2.21, 192.0.2.22, 192.0.2.23 } }
+  chain input {
+    type filter hook input priority filter - 5; policy accept;
+    iif "lo" accept
+    ct state established,related accept
+    tcp dport 22 accept comment "SSH, from anywhere"
+    ip saddr @cluster accept comment "the cluster's nodes: every port"
+    icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert } accept
+    counter drop comment "ascend-pd: not the cluster, an operator or a client"
+  }
+}
+ASCEND_PD_NFT
+nft list table inet "$table" >/dev/null
+echo "firewall: table inet $table loaded on $node (SSH, the cluster's nodes; the rest dropped)"
