@@ -19,7 +19,10 @@ nothing else.
 Secrets never leave (`Redactor`): the values of every variable of the plan (container, vLLM, role,
 rank) whose name says secret (TOKEN, SECRET, PASSWORD, KEY, CREDENTIAL...), such variables' values
 anywhere in `NAME=value` form (docker inspect's Env, a log line), private key blocks, bearer tokens,
-Hugging Face tokens, and the operator's --identity key file's contents, wherever they appear.
+Hugging Face tokens, a password inside a URL (`https://user:pass@...`), the value of a flag whose name
+says secret (`--api-key`, `--hf-token`), the proxy's key as exported for status, and the operator's
+--identity key file's contents, wherever they appear. Values the stack keeps secret never reach a script,
+argv or log (ascend_pd/secrets.py) for the bundle to find.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Callable, Optional
 from . import ssh
 from .logsources import sources
 from .plan import Plan
+from .secrets import PROXY_KEY_ENV
 from .shell import q
 
 DEFAULT_LINES = 2000  # of every log
@@ -51,11 +55,15 @@ SECTION = "@@apd-section"
 REDACTED = "[redacted]"
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH)", re.I)
 _ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=([^\s\"',;]+)")
+# The value of a flag whose name says secret (--api-key, --hf-token), = or space separated.
+_SECRET_FLAG = re.compile(r"(?i)(--[a-z0-9-]*(?:key|token|secret|passw)[a-z0-9-]*)(=|\s+)([^\s\"']+)")
 _PATTERNS = (
     re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S),
     re.compile(r"(?i)(?<=bearer )[A-Za-z0-9._~+/=-]{8,}"),
     re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"),
     re.compile(r"(?m)(?<=secure: )\S+"),  # Pulumi's encrypted config values
+    re.compile(r"(?<=://)[^/\s:@'\"]+:[^/\s@'\"]+(?=@)"),  # user:password in a URL (https_proxy, PIP_INDEX_URL)
+    re.compile(r"(?<=secret:sha256:)[0-9a-f]+"),  # a secret's placeholder (ascend_pd/secrets.py): names a version
 )
 
 
@@ -73,6 +81,9 @@ class Redactor:
         envs = [plan.cfg.container.env] + [dict(r.env) for r in plan.ranks]
         for env in envs:
             values |= {str(v) for k, v in env.items() if SECRET_NAME.search(str(k))}
+        key = os.environ.get(PROXY_KEY_ENV, "").strip()
+        if key:  # the proxy's key, as the operator exported it for status
+            values.add(key)
         if identity_file:
             try:
                 values |= {ln.strip() for ln in Path(identity_file).read_text().splitlines() if len(ln.strip()) > 20}
@@ -88,6 +99,7 @@ class Redactor:
             text = p.sub(REDACTED, text)
         text = _ASSIGN.sub(lambda m: f"{m.group(1)}={REDACTED}" if SECRET_NAME.search(m.group(1)) and m.group(2) != REDACTED
                            else m.group(0), text)
+        text = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
         if text != before:
             self.count += 1
         return text

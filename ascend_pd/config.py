@@ -390,6 +390,13 @@ class Proxy(_Model):
                                                    "script.")
     flags: ProxyFlags = Field(default_factory=ProxyFlags, description=(
         "The proxy script's four tunable flags; everything else it takes is derived from the plan."))
+    auth: bool = Field(True, description=(
+        "Client routes (`/v1/...`) answer only requests carrying `Authorization: Bearer <key>`, the key being the "
+        "secret `ascend-pd:proxyApiKey` (`pulumi config set --secret ascend-pd:proxyApiKey \"$(openssl rand -hex "
+        "32)\"`); the routes that change the proxy (`/instances/...`, `/reset_prefix_cache`) answer the cluster's "
+        "nodes only, key or not; `/healthcheck` answers both. `status`, `heal` and the exporter send the key from "
+        "`$ASCEND_PD_PROXY_API_KEY`. The release's script runs unchanged behind `pd_proxy_launch.py`. `false`: the "
+        "proxy answers anyone, as shipped."))
     keep_removed_out: bool = Field(True, description=(
         "Run the release's proxy script, unedited, through `pd_proxy_launch.py`, which fixes two things a "
         "rolling restart meets: an instance given to `/instances/remove` stays out until `/instances/add` (as "
@@ -665,7 +672,7 @@ def docker_size_mib(size: str) -> int:
 
 
 # Keys of the namespace that are not StackConfig fields: secrets read separately by __main__.
-SECRET_KEYS = ("sshPrivateKey",)
+SECRET_KEYS = ("sshPrivateKey", "proxyApiKey")
 
 
 def setting_names() -> list[str]:

@@ -53,6 +53,13 @@ SECRET_DOCS = {
         "ascend-pd:sshPrivateKey < key` (encrypted in the stack file, never written to a resource input, output or "
         "log in plain text). Unset: ssh-agent. pulumi-docker never uses it: load the same key into ssh-agent.",
     ),
+    "proxyApiKey": (
+        "secret: the PD proxy's key",
+        "What clients send as `Authorization: Bearer <key>` under `proxy.auth` (required then: `pulumi up` refuses "
+        "to deploy without it), set with `pulumi config set --secret ascend-pd:proxyApiKey \"$(openssl rand -hex "
+        "32)\"`. It reaches the proxy node as a Pulumi secret on a Command's stdin, into a 0600 file the proxy reads; "
+        "a new key restarts the proxy. `status`, `heal` and the exporter send `$ASCEND_PD_PROXY_API_KEY`.",
+    ),
 }
 
 

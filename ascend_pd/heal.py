@@ -48,7 +48,7 @@ from . import scripts
 from .hang import HangTracker
 from .logsources import logs_command
 from .plan import Instance, Plan
-from .shell import in_container
+from .shell import CURL, in_container, q
 from .status import Timeouts, collect_status, hang_tracker
 
 Runner = Callable[[str, str, float], tuple[int, str, str]]  # node, host command, timeout -> rc, out, err
@@ -207,16 +207,19 @@ class HealReport:
         return "\n".join(lines) + "\n"
 
 
-def _proxy(plan: Plan, mode: str, inst: Instance) -> str:
-    """POST /instances/<mode> with the instance's ranks (the launch's own rollout call); what happened."""
-    body = {"type": inst.role, "instances": [f"{r.address}:{r.port}" for r in inst.ranks]}
-    try:
-        resp = requests.post(f"{plan.proxy.url}/instances/{mode}", json=body, timeout=PROXY_TIMEOUT_S,
-                             proxies={"http": None, "https": None})
-    except requests.RequestException as exc:
-        return f"proxy {mode}: no answer ({type(exc).__name__})"
-    if resp.status_code != 200:
-        return f"proxy {mode}: HTTP {resp.status_code} (a proxy without /instances/{mode})"
+def _proxy(plan: Plan, run: Runner, mode: str, inst: Instance) -> str:
+    """POST /instances/<mode> with the instance's ranks (the launch's own rollout call), sent from the
+    proxy node's container: the proxy's admin routes answer the cluster's own nodes only (proxy.auth);
+    what happened."""
+    body = json.dumps({"type": inst.role, "instances": [f"{r.address}:{r.port}" for r in inst.ranks]})
+    call = (f"{CURL} -sS -o /dev/null -w '%{{http_code}}' -m {PROXY_TIMEOUT_S} -X POST "
+            f"-H 'Content-Type: application/json' -d {q(body)} {q(f'{plan.proxy.url}/instances/{mode}')}")
+    rc, out, _ = run(plan.proxy.node, f"docker exec {q(plan.cfg.container.name)} {call}", PROXY_TIMEOUT_S + 10)
+    code = out.strip()[-3:]
+    if rc != 0 or not code.isdigit() or code == "000":
+        return f"proxy {mode}: no answer"
+    if code != "200":
+        return f"proxy {mode}: HTTP {code} (a proxy without /instances/{mode})"
     return f"proxy {mode}: ok"
 
 
@@ -281,7 +284,7 @@ class Healer:
 
         self.budget.record(inst.name, time.time())
         self.log(f"{inst.name}: restarting on {', '.join(inst.nodes)} ({'; '.join(why)})")
-        _proxy(self.plan, "remove", inst)  # broken: nothing to drain, its requests are lost anyway
+        _proxy(self.plan, self.run, "remove", inst)  # broken: nothing to drain, its requests are lost anyway
         lap("out")
         failure = self._on_nodes(inst.nodes, "launch", "delete")
         lap("stop")
@@ -295,10 +298,10 @@ class Healer:
         if failure is not None:
             h.outcome, h.detail = "failed", failure
             self.log(f"{inst.name}: restart failed: {failure}")
-            _proxy(self.plan, "remove", inst)
+            _proxy(self.plan, self.run, "remove", inst)
             return h
         h.healthy_at = time.time()
-        h.detail = _proxy(self.plan, "add", inst)
+        h.detail = _proxy(self.plan, self.run, "add", inst)
         lap("in")
         h.outcome = "healed"
         self.log(f"{inst.name}: healthy again ({h.detail})")
@@ -355,7 +358,7 @@ class Healer:
                                  f"{self.budget.window_s / 60:g}): not restarted again")
                 if not dry_run:
                     self.left_out.add(inst.name)
-                    h.detail += "; " + _proxy(plan, "remove", inst)
+                    h.detail += "; " + _proxy(plan, self.run, "remove", inst)
                 rep.instances.append(h)
             elif (wait := self.budget.wait_s(inst.name, now)) > 0:
                 rep.instances.append(InstanceHeal(inst.name, why[inst.name], "waiting",

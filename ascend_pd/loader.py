@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from .config import PROJECT, SECRET_KEYS, StackConfig, setting_names
 from .errors import (ConfigError, Problem, Source, did_you_mean, from_validation_error, setting,
                      unknown_setting_fix)
+from .secrets import is_secure, mask
 from .valuetypes import unsafe_reason
 from .vllm_flags import closest_flag, known_flags, releases_label
 
@@ -81,6 +82,11 @@ def _parse(text: str) -> tuple[Any, Optional[yaml.Node]]:
         return (loader.construct_document(node) if node is not None else None), node
     finally:
         loader.dispose()
+
+
+def read_stack_document(path: Path) -> Any:
+    """A stack file's document as written (the program reads which values are `secure:` there)."""
+    return _read_yaml(path)[0]
 
 
 def _read_yaml(path: Path) -> tuple[Any, Optional[yaml.Node]]:
@@ -300,6 +306,14 @@ def near_namespace(ns: str) -> bool:
     return ns != PROJECT and (norm == target or _edit_distance(norm, target) <= 2)
 
 
+def whole_secret_problem(name: str, where: str = "") -> Problem:
+    """A structured setting encrypted as a whole: its scripts cannot be rendered, nor its secret parts known."""
+    return Problem(setting(name), "is encrypted as a whole: ascend-pd renders every node's scripts from it and "
+                   "cannot read it, nor tell which of its values are secret",
+                   f"keep it in plain text and encrypt only the secret values, e.g. `pulumi config set --secret "
+                   f"--path '{PROJECT}:vllm.env.HF_TOKEN' ...` (docs/deploying.md, \"Security\")", where)
+
+
 @dataclass
 class _Settings:
     """The project's settings read so far, each top-level one with the lines of its keys."""
@@ -340,12 +354,14 @@ def _read_section(path: Path, settings: _Settings, *, stack_file: bool) -> None:
                                          if getattr(k, "value", None) == field), (key_node, None))
         settings.values.pop(name, None)
         settings.lines.pop(name, None)
-        if isinstance(value, dict) and set(value) == {"secure"}:
+        if is_secure(value):
             # Encrypted: only `pulumi` can decrypt it. Validation never sees it, so check its name here.
             if name not in SECRET_KEYS and name not in setting_names():
                 near = did_you_mean(name, setting_names() + list(SECRET_KEYS))
                 settings.problems.append(Problem(setting(name), "unknown setting", unknown_setting_fix(near),
                                                  _at(file, key_node) if key_node else file))
+            elif name not in SECRET_KEYS:
+                settings.problems.append(whole_secret_problem(name, _at(file, key_node) if key_node else file))
             continue
         if name in SECRET_KEYS:
             # The key's text is never echoed: the problem names the setting and the file only.
@@ -354,7 +370,8 @@ def _read_section(path: Path, settings: _Settings, *, stack_file: bool) -> None:
                 f"set it with `pulumi config set --secret {PROJECT}:{name} < KEYFILE` and remove it from {file}",
                 _at(file, key_node) if key_node else file))
             continue
-        settings.values[name] = value
+        # A secret inside a setting (`config set --secret --path`): its placeholder (ascend_pd/secrets.py).
+        settings.values[name] = mask(value)[0]
         lines: dict[str, tuple[str, int]] = {}
         if key_node is not None:
             lines[setting(name)] = (file, key_node.start_mark.line + 1)

@@ -14,6 +14,7 @@ from typing import Optional
 
 from .config import KV_POOL_BACKEND, Role, StackConfig, node_image
 from .releases import check as check_releases
+from .secrets import PROXY_KEY_FILE, RUN_SUBDIR as SECRETS_SUBDIR, is_placeholder
 from .errors import ConfigError, Problem
 from .plan_checks import (  # noqa: F401 (what the plan derives; imported from here by scripts, docs, status)
     DERIVED_ENV, DERIVED_FLAGS, DERIVED_WORKER_FLAGS, MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_PER_DEVICE, ROLES,
@@ -67,6 +68,8 @@ class Rank:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     kv_transfer_config: str  # the JSON text passed to --kv-transfer-config
+    # Variables whose values are secret (ascend_pd/secrets.py): read from the role's secrets file, never in env.
+    secret_env: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -293,12 +296,22 @@ def kv_transfer_config(cfg: StackConfig, role: str, instance: int, dp_rank: int)
     return parent
 
 
+def secret_env(cfg: StackConfig, role: str) -> tuple[tuple[str, str], ...]:
+    """(name, the setting that holds it) of every secret variable of a role's ranks: its own env over
+    vllm.env, as the ranks' environment is merged."""
+    merged = {**{k: ("vllm", v) for k, v in cfg.vllm.env.items()},
+              **{k: (role, v) for k, v in getattr(cfg, role).env.items()}}
+    return tuple((k, f"{src}.env.{k}") for k, (src, v) in sorted(merged.items()) if is_placeholder(v))
+
+
 def _rank_env(cfg: StackConfig, role: str, node, devices: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
     r: Role = getattr(cfg, role)
     env: dict[str, str] = {}
     # Key order: the stack file's order of `env` keys means nothing (values expand from the
     # container's environment, never from each other), so it must not change a fingerprint.
     for k, v in sorted({**cfg.vllm.env, **r.env}.items()):
+        if is_placeholder(v):
+            continue  # from the role's secrets file (secret_env), never on a command line
         env[k] = str(v).lower() if isinstance(v, bool) else str(v)
     env.update({
         "HCCL_IF_IP": node.address,
@@ -352,6 +365,7 @@ def _instances(cfg: StackConfig, role: str) -> tuple[Instance, ...]:
                     dp_rank=dp_rank, dp_size=r.dp, tp=r.tp, devices=devices, port=port,
                     dp_address=master, rpc_port=r.rpc_port, argv=argv,
                     env=_rank_env(cfg, role, node, devices), kv_transfer_config=kvt,
+                    secret_env=tuple(k for k, _ in secret_env(cfg, role)),
                 ))
         out.append(Instance(role=role, index=idx, nodes=group, dp=r.dp, tp=r.tp,
                             dp_address=master, ranks=tuple(ranks)))
@@ -387,6 +401,21 @@ def _worker(cfg: StackConfig, node, etcd: EtcdPlan) -> WorkerPlan:
 def run_dir_of(cfg: StackConfig) -> str:
     """Where pid files and the proxy's launcher live on every node (Plan.run_dir)."""
     return f"{cfg.state_dir.rstrip('/')}/run"
+
+
+def secrets_dir_of(cfg: StackConfig) -> str:
+    """Where the program delivers secrets in every container (mode 0600 files, read by the processes)."""
+    return f"{run_dir_of(cfg)}/{SECRETS_SUBDIR}"
+
+
+def role_secrets_file(cfg: StackConfig, role: str) -> str:
+    """The role's secret variables, `NAME='value'` lines, sourced by its launches."""
+    return f"{secrets_dir_of(cfg)}/{role}.env"
+
+
+def proxy_key_file(cfg: StackConfig) -> Optional[str]:
+    """The proxy's key (ascend-pd:proxyApiKey), read by pd_proxy_launch.py and the smoke; None without proxy.auth."""
+    return f"{secrets_dir_of(cfg)}/{PROXY_KEY_FILE}" if cfg.proxy.auth else None
 
 
 # Written into the run dir by the proxy's script (ascend_pd/shell/pd_proxy_launch.py): runs the release's
@@ -447,7 +476,14 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
     pre = tuple((r.address, r.port) for i in instances if i.role == "prefill" for r in i.ranks)
     dec = tuple((r.address, r.port) for i in instances if i.role == "decode" for r in i.ranks)
     pa = nodes[cfg.proxy.node].address
-    launcher = (f"{run_dir_of(cfg)}/{PROXY_LAUNCHER}",) if cfg.proxy.keep_removed_out else ()
+    launcher: tuple[str, ...] = ()
+    if cfg.proxy.keep_removed_out or cfg.proxy.auth:
+        launcher = (f"{run_dir_of(cfg)}/{PROXY_LAUNCHER}",)
+        if cfg.proxy.auth:  # the admin routes answer the cluster's nodes (the launches' drain calls) only
+            admins = ",".join([n.address for n in cfg.nodes] + ["127.0.0.1"])
+            launcher += ("--api-key-file", proxy_key_file(cfg), "--admin-from", admins)
+        if not cfg.proxy.keep_removed_out:
+            launcher += ("--as-shipped",)
     proxy_argv = (
         cfg.proxy.python, *launcher, cfg.proxy.script,
         "--host", pa,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .config import DEFAULT_MOUNTS, MONITORING_DIR, Role, StackConfig, docker_size_mib, step_name
 from .errors import Problem, did_you_mean, setting
+from .secrets import env_allowed, placeholders
 from .valuetypes import owned_path_problem
 
 ROLES = ("prefill", "decode")
@@ -259,9 +260,30 @@ def _validate(cfg: StackConfig, stack: str = "<stack>") -> list[Problem]:
                          "(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on its console) and add them under "
                          "ascend-pd:ssh.hostKeys; or, for a throw-away cluster, set ascend-pd:ssh.insecureIgnoreHostKeys: true"))
     _check_monitoring(p, cfg, names)
+    _check_secrets(p, cfg)
     if not p:
         p.extend(_port_collisions(cfg))
     return p
+
+
+def _check_secrets(p: list[Problem], cfg: StackConfig) -> None:
+    """A secret value only where the program can deliver it beside the scripts (ascend_pd/secrets.py)."""
+    data = cfg.model_dump(by_alias=True)
+    for path in placeholders(data):
+        if env_allowed(path):
+            continue
+        where = setting(*path)
+        if len(path) > 1 and path[1] == "flags":
+            why, fix = ("a flag is on every rank's command line, which `ps` on the node shows",
+                        "pass it in an environment variable and encrypt that (vLLM reads --api-key from "
+                        "VLLM_API_KEY): pulumi config set --secret --path 'ascend-pd:vllm.env.VLLM_API_KEY' ...")
+        elif path[:2] == ("container", "env"):
+            why, fix = ("the container's environment is its configuration, which `docker inspect` and the state show",
+                        "give the processes that need it a rank variable (vllm.env, prefill.env, decode.env) instead")
+        else:
+            why, fix = ("ascend-pd writes this setting into the scripts the nodes run",
+                        "keep secrets in a rank's environment (vllm.env, prefill.env, decode.env) or proxyApiKey")
+        p.append(Problem(where, f"is a secret, but {why}", fix))
 
 
 def _check_monitoring(p: list[Problem], cfg: StackConfig, names: list[str]) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import Plan
+from .plan import Plan, proxy_key_file
 from .shell import (PROBE_DELIMITER, PYTHON_DELIMITER, Script, header, heredoc, library, params, q, say,
                     static_file)
 
@@ -173,9 +173,9 @@ def readiness_script(plan: Plan, settings: ProbeSettings = DEFAULT_SETTINGS) -> 
     p = plan.proxy
     return _top(plan, p.node, "readiness", f"chat completion through {p.url}", s) + params(
         proxy=p.url, model=plan.cfg.model.served_name, py=plan.cfg.proxy.python, ranks=p.backends_json,
-        readiness_timeout_s=s.readiness_timeout_s) + f"""
+        readiness_timeout_s=s.readiness_timeout_s, key_file=proxy_key_file(plan.cfg) or "") + f"""
 pd_smoke=$(cat {heredoc(PYTHON_DELIMITER, static_file("pd_smoke.py"))})
-if out=$("$py" -c "$pd_smoke" "$proxy" "$model" "$readiness_timeout_s" "$ranks" {READINESS_MAX_TOKENS} 2>&1); then
+if out=$("$py" -c "$pd_smoke" "$proxy" "$model" "$readiness_timeout_s" "$ranks" {READINESS_MAX_TOKENS} "$key_file" 2>&1); then
   pass "$out"
 else
   fail "$(printf '%s' "${{out:-$py exited without a word}}" | tr -d '\n' | head -c 400)"

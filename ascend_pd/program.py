@@ -3,41 +3,93 @@
 It lives in the package (not only in the checkout's `__main__.py`) so that an installed `ascend-pd`
 runs the very same program under the SDK's mocks for `diff`; the checkout's `__main__.py`, which the
 Pulumi CLI's language host executes, only calls `main()`.
+
+Secret values (ascend_pd/secrets.py): the CLI hands the program a setting that holds a secret
+decrypted, and says only that the setting holds one (`is_config_secret`). Which of its values are
+secret the stack file says (their `secure:` leaves): those become placeholders before the plan is
+built, exactly as `render` and `diff` see them, and their values go to the nodes as Pulumi secrets on
+the stdin of the Commands that write them beside the scripts.
 """
+
+import json
+from typing import Any
 
 import pulumi
 import pulumi.runtime.config
 
 from .components.cluster import deploy
 from .config import PROJECT, SECRET_KEYS
-from .errors import ConfigError
-from .loader import load_config
+from .errors import ConfigError, Problem, setting
+from .loader import find_stack, load_config, read_stack_document, whole_secret_problem
 from .plan import build_plan
+from .secrets import is_secure, mask, reveal
 
 
-def stack_settings() -> dict[str, str]:
+def _file_settings(stack: str) -> dict[str, Any]:
+    """The `ascend-pd:` settings of the stack file as written (secure leaves and all)."""
+    doc = read_stack_document(find_stack(stack).stack_file)
+    config = (doc or {}).get("config") or {}
+    return {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith(f"{PROJECT}:")}
+
+
+def stack_settings() -> tuple[dict[str, str], dict[str, Any]]:
     """Every `ascend-pd:*` key exactly as the CLI passes it (strings; objects as JSON), namespace
-    stripped, secrets left out. The CLI puts the map in PULUMI_CONFIG and also hands it to
-    set_all_config; tests only do the latter: read both."""
+    stripped, the top-level secrets left out and the secret values inside settings replaced by their
+    placeholders; and those values, by setting path (`vllm.env.HF_TOKEN`). The CLI puts the map in
+    PULUMI_CONFIG and also hands it to set_all_config; tests only do the latter: read both."""
     every = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
     prefix = f"{PROJECT}:"
-    out = {}
+    out, secret_values, problems, written = {}, {}, [], None
     for key, value in every.items():
-        if not key.startswith(prefix) or key[len(prefix):] in SECRET_KEYS:
+        name = key[len(prefix):]
+        if not key.startswith(prefix) or name in SECRET_KEYS:
             continue
         if pulumi.runtime.is_config_secret(key):
-            # The plan writes config values literally into commands, which are not secret.
-            pulumi.log.warn(f"{key} is set as a secret, but ascend-pd uses it in plain-text commands")
-        out[key[len(prefix):]] = value
-    return out
+            written = _file_settings(pulumi.get_stack()) if written is None else written
+            in_file = written.get(name)
+            masked, leaves = mask(in_file)
+            if is_secure(in_file) or not leaves:
+                problems.append(whole_secret_problem(name))
+                continue
+            plain = json.loads(value)
+            secret_values.update({".".join(map(str, (name, *p))): v for p, v in reveal(masked, plain).items()})
+            for path, ciphertext in leaves:  # the CLI's own (decrypted) value, with the file's placeholders
+                target = plain
+                for step in path[:-1]:
+                    target = target[step]
+                target[path[-1]] = mask({"secure": ciphertext})[0]
+            value = json.dumps(plain)
+        out[name] = value
+    if problems:
+        raise ConfigError(problems)
+    return out, secret_values
 
 
-def main() -> None:
+# What the model runs (`diff`, the tests) use for a secret the stack does not hold: its graph is the one a
+# deploy with the secret set would have (the real program refuses to deploy without it).
+MODEL_SECRET = "<not set: a model run>"
+
+
+def main(*, model: bool = False) -> None:
+    """The program; `model`: run under the SDK's mocks by `diff` (engine/capture.py), where a missing
+    secret is a stand-in instead of an error."""
+    config = pulumi.Config()
+    proxy_key = config.get_secret("proxyApiKey")
     try:
-        plan = build_plan(load_config(stack_settings()), pulumi.get_stack())
+        settings, secret_values = stack_settings()
+        plan = build_plan(load_config(settings), pulumi.get_stack())
+        if plan.cfg.proxy.auth and proxy_key is None and model:
+            proxy_key = pulumi.Output.secret(MODEL_SECRET)
+        elif plan.cfg.proxy.auth and proxy_key is None:
+            raise ConfigError([Problem(setting("proxyApiKey"), "is not set, and proxy.auth requires a key for every "
+                                       "client request", "pulumi config set --secret ascend-pd:proxyApiKey "
+                                       "\"$(openssl rand -hex 32)\" (clients send it as `Authorization: Bearer`), or "
+                                       "set ascend-pd:proxy.auth: false")])
     except ConfigError as exc:
         raise pulumi.RunError(str(exc)) from None
     for problem in plan.warnings:  # settings the images' release does not read (vllmAscend.strict refuses them)
         pulumi.log.warn(f"{problem}")
-    for name, value in deploy(plan, private_key=pulumi.Config().get_secret("sshPrivateKey")).items():
+    outputs = deploy(plan, private_key=config.get_secret("sshPrivateKey"), proxy_key=proxy_key,
+                     secret_values=secret_values)
+    for name, value in outputs.items():
         pulumi.export(name, value)

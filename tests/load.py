@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import requests
 
+from proxy_key import TEST_PROXY_KEY
+
 RATE_PER_S = 20
 REQUEST_TIMEOUT_S = 30  # a request that hangs shows as a latency far above the 1 s bound
 
@@ -31,6 +33,7 @@ class Load:
     url: str
     model: str
     outcomes: list[Outcome] = field(default_factory=list)
+    key: str = TEST_PROXY_KEY  # the proxy's (proxy.auth); a proxy without auth ignores it
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -43,6 +46,7 @@ class Load:
         status, ok, detail = 0, False, ""
         try:
             r = requests.post(f"{self.url}/v1/completions", timeout=REQUEST_TIMEOUT_S,
+                              headers={"Authorization": f"Bearer {self.key}"},
                               json={"model": self.model, "prompt": "hello there", "max_tokens": 4})
             status = r.status_code
             text = ""

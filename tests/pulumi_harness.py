@@ -35,5 +35,5 @@ def with_host_keys(config: dict[str, str]) -> dict[str, str]:
 
 
 def run_program(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = (),
-                expect_error: bool = False) -> Graph:
-    return capture(config, stack=stack, secret_keys=secret_keys, expect_error=expect_error)
+                expect_error: bool = False, model: bool = True) -> Graph:
+    return capture(config, stack=stack, secret_keys=secret_keys, expect_error=expect_error, model=model)

@@ -30,11 +30,12 @@ from pulumi_harness import (
 )
 
 from ascend_pd import scripts, shell
-from ascend_pd.engine.capture import mock_image_id
+from ascend_pd.engine.capture import mock_image_id, plain
 from ascend_pd.engine.model import DELETE_REPLACED, REPLACE, SAME, UPDATE, plan_up
 from ascend_pd.probes import probes
 from ascend_pd.loader import load_config, load_stack
 from ascend_pd.plan import build_plan
+from ascend_pd.program import MODEL_SECRET
 from ascend_pd.render import summary
 
 STACKS = ("a2-8node", "a3-4node")
@@ -83,7 +84,15 @@ def commands_under(run: Run, kind: str):
 
 
 def launches(run: Run):
-    return commands_under(run, "VllmDpGroup")
+    return [r for r in commands_under(run, "VllmDpGroup") if r.name.endswith("-launch")]
+
+
+SECRET_FILES = ("-proxy-key", "-secrets")  # the Commands that write a secret beside the scripts (no script)
+
+
+def script_commands(run: Run):
+    """The Commands that run a rendered script (not a secret file)."""
+    return [r for r in run.of_type(COMMAND) if not r.name.endswith(SECRET_FILES)]
 
 
 def node_of_address(plan):
@@ -119,7 +128,9 @@ def test_counts(stack, nodes, ranks, groups):
     assert len(commands_under(run, "HugepageHost")) == nodes
     assert len(components(run, "HostFirewall")) == nodes and len(commands_under(run, "HostFirewall")) == nodes
     assert len(components(run, "EtcdSingle")) == 1 and len(commands_under(run, "EtcdSingle")) == 1
-    assert len(components(run, "PdProxy")) == 1 and len(commands_under(run, "PdProxy")) == 1
+    assert len(components(run, "PdProxy")) == 1
+    assert sorted(c.name for c in commands_under(run, "PdProxy")) == [f"{plan_of(stack).proxy.node}-proxy",
+                                                                        f"{plan_of(stack).proxy.node}-proxy-key"]
     assert {g.name for g in components(run, "VllmDpGroup")} == set(groups)
 
     # Ranks as the launch scripts start them: per group, DP ranks 0..dp-1, each exactly once.
@@ -165,7 +176,10 @@ def test_names_types_and_parents(stack):
 def test_per_node_start_order(stack):
     run, plan = baseline(stack), plan_of(stack)
     etcd = commands_under(run, "EtcdSingle")[0]
-    proxy = commands_under(run, "PdProxy")[0]
+    proxy = run.named(f"{plan.proxy.node}-proxy")
+    # The proxy's key is written before the proxy starts (proxy.auth), and only then.
+    assert run.waits_for(proxy, run.named(f"{plan.proxy.node}-proxy-key"))
+    assert not run.waits_for(run.named(f"{plan.proxy.node}-proxy-key"), proxy)
     etcd_node = plan.etcd.node
     assert run.waits_for(etcd, run.named(f"{etcd_node}-container"))
     assert run.waits_for(etcd, run.named(f"{etcd_node}-install-etcd"))
@@ -254,7 +268,7 @@ def test_commands_delete_and_replacement(stack):
     host_commands = {r.urn for r in commands_under(run, "HugepageHost") + commands_under(run, "NodePreflight")
                      + commands_under(run, "HostFirewall")}
     etcd_id = f"{plan.etcd.node}-etcd-id"
-    for reg in run.of_type(COMMAND):
+    for reg in script_commands(run):
         node = command_node(plan, reg)
         script = _script_of(plan, reg)
         assert reg.inputs.get("delete", "").strip(), f"{reg.name} has no delete"
@@ -269,6 +283,13 @@ def test_commands_delete_and_replacement(stack):
         # What decides which processes the delete acts on replaces the Command (old delete first):
         # its container, its node's address, the script's identity. Nothing of another node: two
         # replacements that force one resource out race in the engine (engine/model.py).
+        if reg.name == f"{plan.proxy.node}-proxy":  # and the proxy's key (proxy.auth): a new key restarts it
+            assert is_rpc_secret(reg.inputs["triggers"])
+            assert plain(reg.inputs["triggers"]) == [container_ids[node], address, *script.identity, MODEL_SECRET]
+            key = run.named(f"{node}-proxy-key")
+            assert plain(key.inputs["stdin"]) == MODEL_SECRET and is_rpc_secret(key.inputs["stdin"])
+            assert MODEL_SECRET not in key.inputs["create"] + key.inputs["delete"]
+            continue
         assert reg.inputs["triggers"] == [container_ids[node], address, *script.identity], reg.name
         assert reg.property_dependencies["triggers"] == {run.named(f"{node}-container").urn}, reg.name
         assert "triggers[*]" in reg.replace_on_changes
@@ -351,7 +372,7 @@ def test_scripts_pass_through_unchanged(stack):
     for inst in plan.instances:
         for node in inst.nodes:
             expected[f"{node}-launch"] = scripts.launch(plan, inst, node)
-    assert {r.name for r in run.of_type(COMMAND)} == set(expected)
+    assert {r.name for r in script_commands(run)} == set(expected)
     for res_name, script in expected.items():
         reg = run.named(res_name)
         assert command_node(plan, reg) == script.node, res_name
@@ -556,7 +577,8 @@ def test_private_key_stays_secret():
     # ... and it is really used: every SSH connection carries it, wrapped as a secret.
     cmds = run.of_type(COMMAND)
     plan = plan_of("a2-8node")
-    assert len(cmds) == sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes) == 59  # 51 + 8 firewalls
+    # 51 + 8 firewalls, and the proxy's key file (proxy.auth)
+    assert len(cmds) - 1 == sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes) == 59
     for reg in cmds:
         assert is_rpc_secret(reg.inputs["connection"])
         assert unwrap(reg.inputs["connection"])["privateKey"] == FAKE_KEY

@@ -97,6 +97,21 @@ def test_redactor_blanks_named_secrets_everywhere():
     assert "PATH=/usr/bin" in out and r.count == 1
 
 
+def test_redactor_blanks_credentials_in_urls_and_secret_flags(monkeypatch):
+    monkeypatch.setenv("ASCEND_PD_PROXY_API_KEY", "proxy-key-0123456789")
+    r = bundle.Redactor.of(_plan())
+    text = ("Env: https_proxy=http://ops:pr0xy-Pass@proxy.example:3128\n"
+            "pip: Looking in indexes: https://deploy:idx-pw-987@mirror.example/simple\n"
+            "ps: vllm serve /m --api-key sk-live-abcdef123 --hf-token=hf_zzzzzzzz --port 7100\n"
+            "curl -H 'Authorization: Bearer proxy-key-0123456789' http://10.0.0.1:8088/healthcheck\n")
+    out = r(text)
+    for secret in ("pr0xy-Pass", "idx-pw-987", "sk-live-abcdef123", "hf_zzzzzzzz", "proxy-key-0123456789"):
+        assert secret not in out, (secret, out)
+    # What says where stays: hosts, flag names, ports.
+    assert "@proxy.example:3128" in out and "@mirror.example/simple" in out
+    assert "--api-key [redacted] --hf-token=[redacted] --port 7100" in out
+
+
 # ---------------------------------------------------------------------------------------------
 # Real sshd nodes
 

@@ -85,18 +85,32 @@ def test_proxy_lists_equal_the_seed(stack):
 def test_proxy_runs_the_release_script_through_the_launcher_unless_turned_off(stack):
     cfg = load_stack(stack)
     plan = build_plan(cfg, stack)
-    assert plan.proxy.argv[:3] == (cfg.proxy.python, f"{plan.run_dir}/pd_proxy_launch.py", cfg.proxy.script)
-    script = node_scripts(plan, plan.proxy.node)
-    proxy = next(s for s in script if s.name == "proxy")
+    launcher = f"{plan.run_dir}/pd_proxy_launch.py"
+    admins = ",".join([n.address for n in plan.nodes] + ["127.0.0.1"])
+    # proxy.auth (default): the key from a file the program writes (never argv), the admin routes for
+    # the cluster's nodes; keepRemovedOut (default): the fixes.
+    assert plan.proxy.argv[:7] == (cfg.proxy.python, launcher, "--api-key-file",
+                                   f"{plan.run_dir}/secrets/proxy-api-key", "--admin-from", admins, cfg.proxy.script)
+    proxy = next(s for s in node_scripts(plan, plan.proxy.node) if s.name == "proxy")
     assert 'cat >"$run_dir/pd_proxy_launch.py" <<' in proxy.create  # written before it starts
-    shipped = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update={"keep_removed_out": False})})
-    plain = build_plan(shipped, stack)
-    assert plain.proxy.argv[:2] == (cfg.proxy.python, cfg.proxy.script)
-    assert plain.proxy.argv[2:] == plan.proxy.argv[3:]
-    plain_proxy = next(s for s in node_scripts(plain, plain.proxy.node) if s.name == "proxy")
-    assert "pd_proxy_launch" not in plain_proxy.create
-    # Switching it restarts the proxy: the running process's identity differs.
-    assert dict(plain_proxy.processes)["proxy"] != dict(proxy.processes)["proxy"]
+
+    def variant(**proxy_settings):
+        changed = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update=proxy_settings)})
+        p = build_plan(changed, stack)
+        return p, next(s for s in node_scripts(p, p.proxy.node) if s.name == "proxy")
+
+    as_shipped, as_shipped_script = variant(keep_removed_out=False)  # the access rules, not the fixes
+    assert as_shipped.proxy.argv[:8] == plan.proxy.argv[:6] + ("--as-shipped", cfg.proxy.script)
+    open_plan, open_script = variant(auth=False)
+    assert open_plan.proxy.argv[:3] == (cfg.proxy.python, launcher, cfg.proxy.script)
+    neither, neither_script = variant(auth=False, keep_removed_out=False)
+    assert neither.proxy.argv[:2] == (cfg.proxy.python, cfg.proxy.script)
+    assert neither.proxy.argv[2:] == plan.proxy.argv[7:]
+    assert "pd_proxy_launch" not in neither_script.create
+    # Switching any of them restarts the proxy: the running process's identity differs.
+    specs = {dict(s.processes)["proxy"] for s in (proxy, as_shipped_script, open_script, neither_script)}
+    assert len(specs) == 4
+
 
 def _flags(argv: list[str]) -> dict[str, str | None]:
     out: dict[str, str | None] = {}

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from ascend_pd.plan import proxy_key_file
 from ascend_pd.probes import ProbeSettings, liveness_script, probe_dir, probes, readiness_script
+from proxy_key import TEST_PROXY_KEY
 from status_support import (
     Procs, Silent, Workers, a2_8node_on_loopback, clean_env, have_dscli, have_etcd, plan_of, small_stack,
     start_etcd, start_proxy, start_ranks, worker_pids,
@@ -259,6 +261,11 @@ def test_readiness_reports_a_broken_decode_side(cluster):
 def test_readiness_bounded_when_proxy_hangs_or_is_gone(tmp_path):
     plan = plan_of(stack(tmp_path, proxy_port=18932))
     d = install(plan, "n0", ProbeSettings(readiness_timeout_s=2, connect_timeout_s=1))
+    done = run(f"{d}/readiness.sh")  # no proxy deployed yet: not even its key
+    assert done.returncode == 1 and "cannot read the proxy's key" in one_line(done)
+    key = Path(proxy_key_file(plan.cfg))  # what <node>-proxy-key writes
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.write_text(TEST_PROXY_KEY)
     done = run(f"{d}/readiness.sh")  # nothing listening
     assert done.returncode == 1 and one_line(done).startswith(f"readiness n0: FAIL (smoke completion failed via {plan.proxy.url}:")
     silent = Silent(ADDRS["n0"], 18932)

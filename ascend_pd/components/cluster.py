@@ -30,12 +30,13 @@ container, huge pages.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import shlex
+from typing import Any, Mapping, Optional
 
 import pulumi
 
 from ascend_pd import scripts
-from ascend_pd.plan import Plan
+from ascend_pd.plan import Plan, proxy_key_file, role_secrets_file, secret_env
 from ascend_pd.scripts.prometheus import config_files, digest, server
 
 from .etcd_single import EtcdSingle
@@ -51,8 +52,21 @@ from .vllm_dp_group import VllmDpGroup
 from .yuanrong_worker import YuanrongWorker
 
 
-def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[str, Any]:
-    """Register every resource of `plan`; return the stack outputs (name -> value)."""
+def _role_secrets(plan: Plan, role: str, values: Mapping[str, Any]) -> Optional[tuple[str, pulumi.Output]]:
+    """(file, content) of a role's secret variables: `NAME='value'` lines, a Pulumi secret. A value the
+    program was not given (a model run) is its placeholder."""
+    names = secret_env(plan.cfg, role)
+    if not names:
+        return None
+    env = {**plan.cfg.vllm.env, **getattr(plan.cfg, role).env}
+    text = "".join(f"{name}={shlex.quote(str(values.get(path, env[name])))}\n" for name, path in names)
+    return role_secrets_file(plan.cfg, role), pulumi.Output.secret(text)
+
+
+def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None, *,
+           proxy_key: Optional[pulumi.Input[str]] = None, secret_values: Mapping[str, Any] = {}) -> dict[str, Any]:
+    """Register every resource of `plan`; return the stack outputs (name -> value). `proxy_key` and
+    `secret_values` (setting path -> value) are what the stack keeps secret (ascend_pd/secrets.py)."""
     cfg = plan.cfg
     conns = {n.name: connection(ssh=cfg.ssh, node=n, private_key=private_key) for n in plan.nodes}
 
@@ -120,6 +134,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
         for node in plan.nodes
     }
 
+    role_secrets = {role: _role_secrets(plan, role, secret_values) for role in ("prefill", "decode")}
     groups = [
         VllmDpGroup(
             inst.name,
@@ -128,12 +143,15 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None) -> dict[
             launches={node: scripts.launch(plan, inst, node) for node in inst.nodes},
             npus=npus,
             workers=workers,
+            secrets=role_secrets[inst.role],
         )
         for inst in plan.instances
     ]
 
+    key_file = proxy_key_file(cfg)
     proxy = PdProxy("proxy", proxy=plan.proxy, node=nodes[plan.proxy.node], npu=npus[plan.proxy.node], groups=groups,
-                    script=scripts.proxy(plan))
+                    script=scripts.proxy(plan),
+                    key=(key_file, pulumi.Output.secret(proxy_key)) if key_file and proxy_key is not None else None)
 
     outputs: dict[str, Any] = {
         "proxyUrl": proxy.url,

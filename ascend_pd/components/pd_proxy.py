@@ -11,7 +11,7 @@ from ascend_pd.plan import NodePlan, ProxyPlan
 from ascend_pd.shell import Script
 
 from .npu_container import NpuContainer
-from .transport import container_command
+from .transport import container_command, secret_file
 from .vllm_dp_group import VllmDpGroup
 
 
@@ -20,8 +20,10 @@ class PdProxy(pulumi.ComponentResource):
     every instance and then runs one chat completion through the whole P/D path.
 
     Per: stack
-    Runs: `load_balance_proxy_server_example.py` on the proxy node's address with every prefill and
-      decode rank, waits for `/healthcheck` to count every instance, then one chat completion
+    Runs: the proxy's key written beside it (`proxy.auth`: a Pulumi secret on the Command's stdin, a 0600
+      file), then `load_balance_proxy_server_example.py` through `pd_proxy_launch.py` on the proxy node's
+      address with every prefill and decode rank, waits for `/healthcheck` to count every instance, then
+      one chat completion
     """
 
     command: remote.Command
@@ -36,15 +38,23 @@ class PdProxy(pulumi.ComponentResource):
         npu: NpuContainer,
         groups: Sequence[VllmDpGroup],
         script: Script,
+        key: Optional[tuple[str, pulumi.Output]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
+        """key: (file, value) of ascend-pd:proxyApiKey under proxy.auth, written first (`<node>-proxy-key`);
+        a new key replaces the proxy (its triggers carry it, encrypted), which reads it at start."""
         super().__init__("ascend-pd:index:PdProxy", name, None, opts)
         self.url = proxy.url
         after: list[pulumi.Resource] = [npu.ready]
         after += [cmd for group in groups for cmd in group.commands.values()]
+        self.key = None
+        if key is not None:
+            self.key = secret_file(f"{proxy.node}-proxy-key", target=npu.target, path=key[0], content=key[1],
+                                   parent=self, depends_on=[npu.container], aliases=node.names_of("proxy-key"))
+            after.append(self.key)
         self.command = container_command(
             f"{proxy.node}-proxy", target=npu.target, script=script, parent=self, depends_on=after,
-            aliases=node.names_of("proxy"),
+            triggers=[key[1]] if key is not None else (), aliases=node.names_of("proxy"),
         )
         self.register_outputs({
             "node": proxy.node,

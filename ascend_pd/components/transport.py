@@ -12,6 +12,7 @@ Lifecycle rules every Command follows (Pulumi engine and pulumi-command facts, D
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -20,7 +21,7 @@ from pulumi_command import remote
 
 from ascend_pd.config import Ssh
 from ascend_pd.plan import NodePlan
-from ascend_pd.shell import Script, in_container, on_host
+from ascend_pd.shell import Script, in_container, on_host, q
 
 
 def connection(*, ssh: Ssh, node: NodePlan, private_key: Optional[pulumi.Input[str]]) -> remote.ConnectionArgs:
@@ -137,4 +138,34 @@ def container_command(
             delete_before_replace=True,
             aliases=_aliases(aliases),
         ),
+    )
+
+
+def secret_file(
+    name: str,
+    *,
+    target: ContainerTarget,
+    path: str,
+    content: pulumi.Input[str],
+    parent: pulumi.Resource,
+    depends_on: Sequence[pulumi.Resource] = (),
+    aliases: Sequence[str] = (),
+) -> remote.Command:
+    """A secret written beside the scripts: `content` (a Pulumi secret) goes to the node on the
+    Command's stdin and into `path` in the container, mode 0600; neither the create text (what
+    `pulumi preview --diff` shows), nor argv, nor the output holds it, and the state keeps it
+    encrypted. A new value is an update (the same file written again); the processes that read it
+    follow it through their own triggers."""
+    write = f"umask 077 && mkdir -p {q(posixpath.dirname(path))} && cat > {q(path + '.part')} && mv {q(path + '.part')} {q(path)}"
+    return remote.Command(
+        name,
+        connection=target.connection,
+        create=f"docker exec -i {q(target.name)} sh -c {q(write)} && echo {q('written ' + path)}",
+        delete=in_container(target.name, f"rm -f {q(path)}\necho {q('removed ' + path)}\n", delete=True),
+        stdin=pulumi.Output.secret(content),
+        # A new container or path: a replacement, whose old delete removes the old file first.
+        triggers=[target.id, target.address, path],
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on), delete_before_replace=True,
+                                    aliases=_aliases(aliases)),
     )

@@ -11,7 +11,7 @@ from ascend_pd.plan import Instance, NodePlan
 from ascend_pd.shell import Script
 
 from .npu_container import NpuContainer
-from .transport import container_command
+from .transport import container_command, secret_file
 from .yuanrong_worker import YuanrongWorker
 
 
@@ -55,20 +55,32 @@ class VllmDpGroup(pulumi.ComponentResource):
         launches: Mapping[str, Script],
         npus: Mapping[str, NpuContainer],
         workers: Mapping[str, YuanrongWorker],
+        secrets: Optional[tuple[str, pulumi.Output]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
+        """secrets: (file, content) of the role's secret variables, written on every node of the group
+        (`<node>-secrets`) before its launch; a new value replaces the launches (a restart of the group
+        as a replaced launch does it: drained, then started), whose triggers carry it encrypted."""
         super().__init__("ascend-pd:index:VllmDpGroup", name, None, opts)
         if set(launches) != set(instance.nodes):
             raise ValueError(f"{instance.name}: launch scripts for {sorted(launches)}, nodes {list(instance.nodes)}")
         self.commands = {}
+        self.secrets: dict[str, remote.Command] = {}
         for node in instance.nodes:
             former = [f"{instance.name}-{node}", *nodes[node].names_of("launch")]
+            after = [*(workers[n].command for n in instance.nodes), npus[node].ready]
+            if secrets is not None:
+                self.secrets[node] = secret_file(f"{node}-secrets", target=npus[node].target, path=secrets[0],
+                                                 content=secrets[1], parent=self, depends_on=[npus[node].container],
+                                                 aliases=nodes[node].names_of("secrets"))
+                after.append(self.secrets[node])
             self.commands[node] = container_command(
                 f"{node}-launch",
                 target=npus[node].target,
                 script=launches[node],
                 parent=self,
-                depends_on=[*(workers[n].command for n in instance.nodes), npus[node].ready],
+                depends_on=after,
+                triggers=[secrets[1]] if secrets is not None else (),
                 aliases=former,
             )
         self.register_outputs({

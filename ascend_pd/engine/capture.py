@@ -118,8 +118,9 @@ class _Collect(logging.Handler):
 
 
 def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = (),
-            expect_error: bool = False) -> Graph:
-    """Run `__main__.py` with the CLI-style map `config` (`ascend-pd:<key>` -> string/JSON)."""
+            expect_error: bool = False, model: bool = True) -> Graph:
+    """Run `__main__.py` with the CLI-style map `config` (`ascend-pd:<key>` -> string/JSON). `model`:
+    as `diff` runs it (a secret the stack lacks is a stand-in); False: as `pulumi up` runs it."""
     (pulumi, Mocks, MockCallArgs, MockResourceArgs, rpc, set_all_config, set_mocks, settings, MockMonitor,
      ensure_loop) = _pulumi()
 
@@ -182,7 +183,7 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
     try:
         from ascend_pd.program import main as program_main
 
-        pulumi.runtime.test(program_main)()
+        pulumi.runtime.test(lambda: program_main(model=model))()
     except Exception as exc:  # noqa: BLE001 - reported to the caller
         if not expect_error:
             raise

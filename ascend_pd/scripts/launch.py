@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 
-from ..plan import ROLLOUT_FAILED, UNSET_ENV, Instance, Plan, restart_bound_s, rollout_prefix
+from ..plan import ROLLOUT_FAILED, UNSET_ENV, Instance, Plan, restart_bound_s, role_secrets_file, rollout_prefix
 from ..valuetypes import BASH_SECONDS_MAX
 from ..shell import (CURL, LOG_TAIL, Script, background, fingerprint, header, library, managed_start, params, q,
                      source_env_files)
@@ -158,7 +158,7 @@ check_rank() {{  # check_rank NAME URL: 0 healthy, 1 not yet; a dead rank fails 
   {CURL} -fsS -o /dev/null -m 3 "$2" 2>/dev/null
 }}
 
-{chr(10).join(starts)}
+{_secrets(plan, instance)}{chr(10).join(starts)}
 # Wait until every local rank answers /health (the ranks of a DP group need all their peers up).
 deadline=$((SECONDS + ready_timeout_s))
 report=$((SECONDS + {PROGRESS_EVERY_S}))
@@ -213,6 +213,26 @@ echo "ranks on $node stopped"
 """
     return Script("launch", node, "container", create, delete, identity=(plan.state_dir,),
                   processes=tuple(processes))
+
+
+def _secrets(plan: Plan, instance: Instance) -> str:
+    """The role's secret variables, exported from the file the program delivered (never on a command line)."""
+    names = instance.ranks[0].secret_env
+    if not names:
+        return ""
+    path = role_secrets_file(plan.cfg, instance.role)
+    return params(secrets_file=path) + f"""secret_names=({' '.join(q(n) for n in names)})
+if [ ! -r "$secrets_file" ]; then
+  fail "$secrets_file is missing: pulumi up writes it (<node>-secrets) from the stack's secret variables"
+fi
+set -a
+# shellcheck disable=SC1090  # the role's secret variables, NAME='value' lines written by the program
+. "$secrets_file"
+set +a
+for name in "${{secret_names[@]}}"; do
+  if [ -z "${{!name+x}}" ]; then fail "$secrets_file does not set $name: run pulumi up again"; fi
+done
+"""
 
 
 def _peer_check() -> str:

@@ -1,7 +1,15 @@
 """Run vLLM-Ascend's PD proxy script (load_balance_proxy_server_example.py) as `python3 SCRIPT ARGS...`
 would, unchanged on disk, with fixes applied as its server starts (ascend-pd:proxy.keepRemovedOut).
 
-Usage: python3 pd_proxy_launch.py SCRIPT [ARGS...]
+Usage: python3 pd_proxy_launch.py [--api-key-file FILE] [--admin-from ADDR,...] [--as-shipped] SCRIPT [ARGS...]
+
+(--as-shipped: only the access rules below, none of the fixes: ascend-pd:proxy.keepRemovedOut false.)
+
+Access (ascend-pd:proxy.auth): with --api-key-file, the client routes (`/v1/...`) answer only requests
+that carry `Authorization: Bearer <the file's key>` (401 otherwise), compared in constant time; with
+--admin-from, the routes that change the proxy or reach every backend (`/instances/...`,
+`/reset_prefix_cache`) answer only those source addresses, the cluster's own nodes (403 otherwise,
+key or not), and `/healthcheck` answers them or a request with the key. The key never enters argv.
 
 The script comes in two interfaces (INTERFACES; ascend-pd's release checks refuse a release that has
 neither before it deploys):
@@ -41,7 +49,9 @@ it imports nothing beyond the standard library until it runs.
 """
 
 import heapq
+import hmac
 import importlib
+import json
 import runpy
 import sys
 
@@ -155,6 +165,74 @@ def scheduler_readd_tainted(script_globals: dict) -> None:
     script_globals["adjust_instances_impl"] = adjust
 
 
+# -- access ---------------------------------------------------------------------------------------
+
+CLIENT_PREFIX = "/v1/"
+ADMIN_PATHS = ("/instances/", "/reset_prefix_cache")
+OPEN_TO_KEY_OR_ADMIN = ("/healthcheck",)
+
+
+class Guard:
+    """ASGI middleware in front of the script's app: who may call which route (module docstring)."""
+
+    def __init__(self, app, key: "str | None", admins: "frozenset[str]"):
+        self.app, self.key, self.admins = app, key, admins
+
+    def _has_key(self, scope) -> bool:
+        if self.key is None:
+            return True
+        sent = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        return hmac.compare_digest(sent.encode(), f"Bearer {self.key}".encode())
+
+    def verdict(self, scope) -> "tuple[int, str] | None":
+        path = scope.get("path", "")
+        client = (scope.get("client") or ("", 0))[0]
+        admin = not self.admins or client in self.admins
+        if path.startswith(ADMIN_PATHS):
+            return None if admin else (403, f"{path} answers the cluster's nodes only")
+        if path in OPEN_TO_KEY_OR_ADMIN:
+            return None if admin or self._has_key(scope) else (401, "a key is required: Authorization: Bearer ...")
+        return None if self._has_key(scope) else (401, "a key is required: Authorization: Bearer ...")
+
+    async def __call__(self, scope, receive, send):
+        refused = self.verdict(scope) if scope.get("type") == "http" else None
+        if refused is None:
+            return await self.app(scope, receive, send)
+        status, detail = refused
+        body = json.dumps({"detail": detail}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def guard(namespace: dict, key: "str | None", admins: "frozenset[str]") -> None:
+    """Put the Guard in front of the script's FastAPI app (before uvicorn starts it)."""
+    if key is None and not admins:
+        return
+    namespace["app"].add_middleware(Guard, key=key, admins=admins)
+
+
+def launcher_options(argv: list) -> "tuple[str | None, frozenset[str], bool, list]":
+    """(the key, the admin addresses, whether to apply the fixes, the script's own argv) from this
+    launcher's argv."""
+    key, admins, fixes, rest = None, frozenset(), True, list(argv)
+    while rest and rest[0] in ("--api-key-file", "--admin-from", "--as-shipped"):
+        if rest[0] == "--as-shipped":  # proxy.keepRemovedOut false: only the access rules
+            fixes, rest = False, rest[1:]
+            continue
+        option, value, rest = rest[0], rest[1], rest[2:]
+        if option == "--api-key-file":
+            with open(value, encoding="utf-8") as f:
+                key = f.read().strip()
+            if not key:
+                sys.exit(f"pd_proxy_launch.py: {value} is empty: the proxy would take any key")
+        else:
+            admins = frozenset(a for a in value.split(",") if a)
+    return key, admins, fixes, rest
+
+
 # -- launching ------------------------------------------------------------------------------------
 
 
@@ -180,8 +258,10 @@ def patch(namespace: dict) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: pd_proxy_launch.py SCRIPT [ARGS...]")
+    key, admins, fixes, argv = launcher_options(sys.argv[1:])
+    if not argv:
+        sys.exit("usage: pd_proxy_launch.py [--api-key-file FILE] [--admin-from ADDR,...] [--as-shipped] SCRIPT "
+                 "[ARGS...]")
     import uvicorn
 
     real_run = uvicorn.run
@@ -196,11 +276,13 @@ def main() -> None:
             namespace = importlib.import_module(app.partition(":")[0]).__dict__
         else:
             namespace = sys.modules["__main__"].__dict__
-        patch(namespace)
+        if fixes:
+            patch(namespace)
+        guard(namespace, key, admins)
         return real_run(app, *args, **kwargs)
 
     uvicorn.run = run
-    sys.argv = sys.argv[1:]
+    sys.argv = argv
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

@@ -6,6 +6,7 @@ import concurrent.futures as cf
 import contextvars
 import json
 import math
+import os
 import re
 import socket
 import time
@@ -22,6 +23,7 @@ import urllib3.exceptions
 
 from ..hang import Activity
 from ..plan import ROLES, ROLLOUT_FAILED, ROLLOUT_KEY_PREFIX, Plan, Rank
+from ..secrets import PROXY_KEY_ENV
 from ..shell import pd_smoke
 from .metrics import MetricsParseError, _check_counters, parse_prometheus
 from .model import (MAX_BODY_BYTES, MAX_METRICS_BYTES, MAX_THREADS, SMOKE_MAX_TOKENS, WORKER_PREFIX, CacheCounters,
@@ -187,12 +189,24 @@ class _BoundedSession(requests.Session):
 
 
 def _http(method: str, url: str, t: Timeouts, total_s: float, body: Optional[dict] = None, *,
-          max_bytes: int = MAX_BODY_BYTES) -> tuple[int, bytes]:
+          max_bytes: int = MAX_BODY_BYTES, headers: Optional[dict] = None) -> tuple[int, bytes]:
     """One HTTP request, done within `total_s` (connect, request, the whole answer), its answer
     under `max_bytes`; else _Failure (or requests' connect/read timeout and connection errors)."""
     with _BoundedSession(t, total_s, max_bytes) as session:
-        resp = session.request(method, url, json=body)
+        resp = session.request(method, url, json=body, headers=headers)
         return resp.status_code, resp.content
+
+
+def proxy_headers(plan: Plan) -> dict:
+    """What a request to the proxy carries: its key (proxy.auth) from $ASCEND_PD_PROXY_API_KEY, if set."""
+    key = os.environ.get(PROXY_KEY_ENV, "").strip()
+    return {"Authorization": f"Bearer {key}"} if key and plan.cfg.proxy.auth else {}
+
+
+def _refused_by_proxy(code: int) -> None:
+    if code == 401:
+        raise _Failure(f"HTTP 401: the proxy requires its key (proxy.auth): export {PROXY_KEY_ENV}=\"$(pulumi config "
+                       "get ascend-pd:proxyApiKey)\"")
 
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -244,8 +258,10 @@ def _loads(body: bytes) -> object:
     return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
-def _get_json(url: str, t: Timeouts) -> object:
-    code, body = _http("GET", url, t, t.request_s)
+def _get_json(url: str, t: Timeouts, headers: Optional[dict] = None) -> object:
+    code, body = _http("GET", url, t, t.request_s, headers=headers)
+    if headers is not None:
+        _refused_by_proxy(code)
     if code != 200:
         raise _Failure(f"HTTP {code} {_short(body.decode(errors='replace'), 80)}".rstrip())
     try:
@@ -428,7 +444,7 @@ def _check_rank_metrics(r: Rank, t: Timeouts) -> tuple[CacheCounters, RequestCou
 
 
 def _check_proxy(plan: Plan, t: Timeouts) -> dict:
-    answer = _get_json(f"{plan.proxy.url}/healthcheck", t)
+    answer = _get_json(f"{plan.proxy.url}/healthcheck", t, proxy_headers(plan))
     if not isinstance(answer, dict):
         raise _Failure(f"/healthcheck: unexpected answer {json.dumps(answer)[:100]}")
     return answer
@@ -477,7 +493,9 @@ def _smoke(plan: Plan, t: Timeouts) -> tuple[float, str, str]:
     budget = max(deadline - phase - t0, 0.001)
     ts = replace(t, request_s=budget)
     try:
-        code, raw = _http("POST", f"{plan.proxy.url}/v1/chat/completions", ts, budget, body)
+        code, raw = _http("POST", f"{plan.proxy.url}/v1/chat/completions", ts, budget, body,
+                          headers=proxy_headers(plan))
+        _refused_by_proxy(code)
     except _Failure as exc:  # the completion's share of the deadline varies: name the deadline itself
         raise _Failure(re.sub(r"within [0-9.e+-]+s", f"within {t.smoke_s:g}s", str(exc))) from None
     except Exception as exc:  # noqa: BLE001 - reported with the smoke's own timeout

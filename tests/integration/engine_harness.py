@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import run_harness as harness
+from proxy_key import TEST_PROXY_KEY
 
-from ascend_pd.engine.capture import COMMAND, CONTAINER, DOCKER_PROVIDER, Graph, Reg, capture, unwrap
+from ascend_pd.engine.capture import COMMAND, CONTAINER, DOCKER_PROVIDER, Graph, Reg, capture, plain, unwrap
 from ascend_pd.engine.model import (CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE, Outcome, Step, execute,
                                     plan_destroy, plan_up)
 
@@ -123,8 +124,9 @@ class Deployment:
         graphs = {}
         for node in cluster.nodes:
             flat = harness.local_config_map(self.stack, self.tmp, cluster.node_dir(node), **cluster.overrides)
-            config = {f"{PROJECT}:{k}": v for k, v in flat.items()}
-            secrets = [k for k in config if k == f"{PROJECT}:sshPrivateKey"]
+            # The proxy's key, as `pulumi config set --secret` leaves it: the program writes it on the node.
+            config = {f"{PROJECT}:{k}": v for k, v in flat.items()} | {f"{PROJECT}:proxyApiKey": TEST_PROXY_KEY}
+            secrets = [k for k in config if k in (f"{PROJECT}:sshPrivateKey", f"{PROJECT}:proxyApiKey")]
             graphs[node] = capture(config, stack=self.stack, secret_keys=secrets)
         ref = graphs[cluster.nodes[0]]
         address_to_node = {cluster.address(n): n for n in cluster.nodes}
@@ -198,7 +200,8 @@ class Deployment:
         creating = step.op in (CREATE, UPDATE, REPLACE)
         if reg.type == COMMAND:
             text = reg.inputs["create"] if creating else reg.inputs["delete"]
-            return self.sh(node, text, what=str(step), env=env)
+            stdin = plain(reg.inputs.get("stdin")) if creating else None  # a secret file's content
+            return self.sh(node, text, what=str(step), env=env, stdin=stdin)
         if reg.type == CONTAINER and reg.inputs.get("command"):  # image-mode etcd
             name = reg.inputs["name"]
             self.kill_container(name)
@@ -225,10 +228,10 @@ class Deployment:
         env["PATH"] = os.pathsep.join([str(self.bin), env["PATH"]])
         return env
 
-    def sh(self, node: str, text: str, *, what: str, env: Optional[dict] = None) -> str:
+    def sh(self, node: str, text: str, *, what: str, env: Optional[dict] = None, stdin: Optional[str] = None) -> str:
         proc = subprocess.run(["sh", "-c", text], env=self.env(node, env), cwd=str(self.cluster.node_dir(node)),
                               capture_output=True, text=True, timeout=harness.SCRIPT_TIMEOUT_S,
-                              start_new_session=True)
+                              start_new_session=True, input=stdin if stdin is not None else "")
         if proc.returncode != 0:
             raise StepFailed(f"{what} on {node} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
                              f"stderr:\n{proc.stderr[-3000:]}")

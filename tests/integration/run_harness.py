@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,11 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+import proxy_key
 import proxy_release
+from proxy_key import TEST_PROXY_KEY
 from quiet_worker import QUIET_WORKER_FLAGS
 from ascend_pd import releases, scripts, shell
 from ascend_pd.loader import PROJECT_DIR, cli_config_map, load_config
-from ascend_pd.plan import Plan, build_plan
+from ascend_pd.plan import Plan, build_plan, proxy_key_file, role_secrets_file, secret_env
+
+proxy_key.export()  # status and heal, run in the tests' process, send the proxy's key
 
 FAKES = PROJECT_DIR / "tests" / "fakes"
 FAKES_BIN = FAKES / "bin"
@@ -252,6 +257,9 @@ class Cluster:
     # Simulated nodes' directories are named after the node (default) or its address (the engine
     # scenarios: a node renamed in the stack file is the same machine, with the same files).
     dirs_by_address: bool = False
+    # Setting path -> value of the secrets the stack holds (placeholders in `overrides`): what the program
+    # would hand the nodes; the harness writes them where the secret-file Commands do.
+    secret_values: dict = field(default_factory=dict)
     plans: dict[str, Plan] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -273,6 +281,25 @@ class Cluster:
             for name in self.plans:
                 if self.containers:
                     self.container_state(name).write_text("running\n")
+        if self.containers:  # the engine scenarios run the secret-file Commands themselves
+            for name in self.plans:
+                self.write_secrets(name)
+
+    def write_secrets(self, node: str) -> None:
+        """What `<node>-proxy-key` and `<node>-secrets` write in the container: mode 0600 files."""
+        plan = self.plans[node]
+        files = {}
+        if node == plan.proxy.node and proxy_key_file(plan.cfg):
+            files[proxy_key_file(plan.cfg)] = TEST_PROXY_KEY + "\n"
+        inst = plan.instance_on(node)
+        if inst is not None and secret_env(plan.cfg, inst.role):
+            env = {**plan.cfg.vllm.env, **getattr(plan.cfg, inst.role).env}
+            files[role_secrets_file(plan.cfg, inst.role)] = "".join(
+                f"{n}={shlex.quote(str(self.secret_values.get(path, env[n])))}\n" for n, path in secret_env(plan.cfg, inst.role))
+        for path, text in files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+            os.chmod(path, 0o600)
 
     def container_state(self, node: str) -> Path:
         """The fake docker's record of this node's NPU container (running/stopped/absent)."""

@@ -20,11 +20,13 @@ from typing import Iterable, Optional
 
 import requests
 
+import proxy_key
 import proxy_release
+from proxy_key import TEST_PROXY_KEY
 from quiet_worker import QUIET_WORKER_FLAGS
 from ascend_pd.config import StackConfig
 from ascend_pd.loader import load_stack
-from ascend_pd.plan import PROXY_LAUNCHER, Plan, Rank, build_plan
+from ascend_pd.plan import PROXY_LAUNCHER, Plan, Rank, build_plan, proxy_key_file
 from ascend_pd.shell import static_file
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ FAKES = TESTS / "fakes"
 FAKE_BIN = FAKES / "bin"
 # The small stacks are A2 (atlas-800i-a2): the proxy of the release the a2 image runs.
 RELEASE_PROXY = str(proxy_release.for_stack("a2-8node"))
+proxy_key.export()  # status and the exporter, run in the tests' process, send the proxy's key
 PROXY_READY_S = 60  # the release proxy imports fastapi/uvicorn first: 5-7 s measured on a loaded machine
 ETCD = "/usr/bin/etcd"
 DSCLI = shutil.which("dscli", path=str(Path(sys.executable).parent)) or shutil.which("dscli") or "dscli"
@@ -253,10 +256,15 @@ def start_ranks(plan: Plan, procs: Procs, ranks: Optional[Iterable[Rank]] = None
 def start_proxy(plan: Plan, procs: Procs, **env: str) -> None:
     """The release's proxy script with the plan's argv (and without http_proxy: httpx would obey it);
     the launcher that argv names is written where the proxy's own script writes it."""
-    if plan.cfg.proxy.keep_removed_out:
+    if plan.cfg.proxy.keep_removed_out or plan.cfg.proxy.auth:
         launcher = Path(plan.run_dir) / PROXY_LAUNCHER
         launcher.parent.mkdir(parents=True, exist_ok=True)
         launcher.write_text(static_file(PROXY_LAUNCHER))
+    key_file = proxy_key_file(plan.cfg)
+    if key_file:  # what <node>-proxy-key writes: the key, mode 0600
+        Path(key_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(key_file).write_text(TEST_PROXY_KEY)
+        os.chmod(key_file, 0o600)
     p = procs.start("proxy", list(plan.proxy.argv), clean_env(**env))
     try:
         wait_until(lambda: p.poll() is None and http_ok(f"{plan.proxy.url}/healthcheck"), PROXY_READY_S, "proxy")

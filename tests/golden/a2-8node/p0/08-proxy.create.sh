@@ -15,6 +15,7 @@ ready_timeout_s=300
 smoke_timeout_s=600
 log_tail=50
 ranks='{"prefill":["http://192.0.2.10:7100","http://192.0.2.10:7101","http://192.0.2.11:7100","http://192.0.2.11:7101","http://192.0.2.12:7100","http://192.0.2.12:7101","http://192.0.2.13:7100","http://192.0.2.13:7101"],"decode":["http://192.0.2.20:7100","http://192.0.2.20:7101","http://192.0.2.20:7102","http://192.0.2.20:7103","http://192.0.2.20:7104","http://192.0.2.20:7105","http://192.0.2.20:7106","http://192.0.2.20:7107","http://192.0.2.21:7100","http://192.0.2.21:7101","http://192.0.2.21:7102","http://192.0.2.21:7103","http://192.0.2.21:7104","http://192.0.2.21:7105","http://192.0.2.21:7106","http://192.0.2.21:7107","http://192.0.2.22:7100","http://192.0.2.22:7101","http://192.0.2.22:7102","http://192.0.2.22:7103","http://192.0.2.22:7104","http://192.0.2.22:7105","http://192.0.2.22:7106","http://192.0.2.22:7107","http://192.0.2.23:7100","http://192.0.2.23:7101","http://192.0.2.23:7102","http://192.0.2.23:7103","http://192.0.2.23:7104","http://192.0.2.23:7105","http://192.0.2.23:7106","http://192.0.2.23:7107"]}'
+key_file=/workspace/ascend-pd/run/secrets/proxy-api-key
 # The environment an interactive shell in this container has (CANN's set_env.sh files).
 set +eu
 # shellcheck source=/dev/null
@@ -160,7 +161,9 @@ ASCEND_PD_PY
 pd_smoke=$(cat <<'ASCEND_PD_PY'
 """A smoke completion that proves the P/D path, not only that something answered.
 
-    pd_smoke.py URL MODEL TIMEOUT_S RANKS_JSON MAX_TOKENS     (RANKS_JSON: {"prefill": [url], "decode": [url]})
+    pd_smoke.py URL MODEL TIMEOUT_S RANKS_JSON MAX_TOKENS [KEY_FILE]     (RANKS_JSON: {"prefill": [url], "decode": [url]})
+
+KEY_FILE: the proxy's key (ascend-pd:proxy.auth), sent as `Authorization: Bearer`; empty or absent: none.
 
 Reads `/metrics` of every rank, sends one chat completion through the proxy at URL, reads `/metrics`
 again, and passes only when (1) the answer has text, (2) a prefill rank finished a request and a
@@ -289,12 +292,21 @@ def _all_metrics(ranks: dict, timeout: float) -> dict:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via http_proxy
 
 
-def main(url: str, model: str, timeout_s: str, ranks_json: str, max_tokens: str = "16") -> int:
+def main(url: str, model: str, timeout_s: str, ranks_json: str, max_tokens: str = "16", key_file: str = "") -> int:
     timeout, ranks = float(timeout_s), json.loads(ranks_json)
+    headers = {"Content-Type": "application/json"}
+    if key_file:
+        try:
+            with open(key_file, encoding="utf-8") as f:
+                headers["Authorization"] = "Bearer " + f.read().strip()
+        except OSError as exc:
+            print(f"smoke completion failed via {url}: cannot read the proxy's key {key_file} ({exc.strerror})",
+                  file=sys.stderr)
+            return 1
     started = time.monotonic()
     phase = min(5.0, timeout / 4)  # each /metrics round; the completion gets the rest
     before = _all_metrics(ranks, phase)
-    req = urllib.request.Request(url + "/v1/chat/completions", headers={"Content-Type": "application/json"},
+    req = urllib.request.Request(url + "/v1/chat/completions", headers=headers,
                                  data=json.dumps({
                                      "model": model, "messages": [{"role": "user", "content": "hello"}],
                                      "max_tokens": int(max_tokens), "temperature": 0, "stream": False,
@@ -325,12 +337,25 @@ if ! command -v "$py" >/dev/null 2>&1; then
   echo "ascend-pd:proxy.python $py is not found in the container on $node: name the interpreter that has fastapi, httpx and uvicorn" >&2
   exit 1
 fi
+if [ -n "$key_file" ] && [ ! -s "$key_file" ]; then
+  echo "the proxy's key $key_file is missing on $node: pulumi up writes it (<node>-proxy-key) from the secret" >&2
+  echo "ascend-pd:proxyApiKey (pulumi config set --secret ascend-pd:proxyApiKey KEY), or set ascend-pd:proxy.auth: false" >&2
+  exit 1
+fi
 mkdir -p "$run_dir" "$log_dir"
 cat >"$run_dir/pd_proxy_launch.py" <<'ASCEND_PD_PY'
 """Run vLLM-Ascend's PD proxy script (load_balance_proxy_server_example.py) as `python3 SCRIPT ARGS...`
 would, unchanged on disk, with fixes applied as its server starts (ascend-pd:proxy.keepRemovedOut).
 
-Usage: python3 pd_proxy_launch.py SCRIPT [ARGS...]
+Usage: python3 pd_proxy_launch.py [--api-key-file FILE] [--admin-from ADDR,...] [--as-shipped] SCRIPT [ARGS...]
+
+(--as-shipped: only the access rules below, none of the fixes: ascend-pd:proxy.keepRemovedOut false.)
+
+Access (ascend-pd:proxy.auth): with --api-key-file, the client routes (`/v1/...`) answer only requests
+that carry `Authorization: Bearer <the file's key>` (401 otherwise), compared in constant time; with
+--admin-from, the routes that change the proxy or reach every backend (`/instances/...`,
+`/reset_prefix_cache`) answer only those source addresses, the cluster's own nodes (403 otherwise,
+key or not), and `/healthcheck` answers them or a request with the key. The key never enters argv.
 
 The script comes in two interfaces (INTERFACES; ascend-pd's release checks refuse a release that has
 neither before it deploys):
@@ -370,7 +395,9 @@ it imports nothing beyond the standard library until it runs.
 """
 
 import heapq
+import hmac
 import importlib
+import json
 import runpy
 import sys
 
@@ -484,6 +511,74 @@ def scheduler_readd_tainted(script_globals: dict) -> None:
     script_globals["adjust_instances_impl"] = adjust
 
 
+# -- access ---------------------------------------------------------------------------------------
+
+CLIENT_PREFIX = "/v1/"
+ADMIN_PATHS = ("/instances/", "/reset_prefix_cache")
+OPEN_TO_KEY_OR_ADMIN = ("/healthcheck",)
+
+
+class Guard:
+    """ASGI middleware in front of the script's app: who may call which route (module docstring)."""
+
+    def __init__(self, app, key: "str | None", admins: "frozenset[str]"):
+        self.app, self.key, self.admins = app, key, admins
+
+    def _has_key(self, scope) -> bool:
+        if self.key is None:
+            return True
+        sent = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        return hmac.compare_digest(sent.encode(), f"Bearer {self.key}".encode())
+
+    def verdict(self, scope) -> "tuple[int, str] | None":
+        path = scope.get("path", "")
+        client = (scope.get("client") or ("", 0))[0]
+        admin = not self.admins or client in self.admins
+        if path.startswith(ADMIN_PATHS):
+            return None if admin else (403, f"{path} answers the cluster's nodes only")
+        if path in OPEN_TO_KEY_OR_ADMIN:
+            return None if admin or self._has_key(scope) else (401, "a key is required: Authorization: Bearer ...")
+        return None if self._has_key(scope) else (401, "a key is required: Authorization: Bearer ...")
+
+    async def __call__(self, scope, receive, send):
+        refused = self.verdict(scope) if scope.get("type") == "http" else None
+        if refused is None:
+            return await self.app(scope, receive, send)
+        status, detail = refused
+        body = json.dumps({"detail": detail}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def guard(namespace: dict, key: "str | None", admins: "frozenset[str]") -> None:
+    """Put the Guard in front of the script's FastAPI app (before uvicorn starts it)."""
+    if key is None and not admins:
+        return
+    namespace["app"].add_middleware(Guard, key=key, admins=admins)
+
+
+def launcher_options(argv: list) -> "tuple[str | None, frozenset[str], bool, list]":
+    """(the key, the admin addresses, whether to apply the fixes, the script's own argv) from this
+    launcher's argv."""
+    key, admins, fixes, rest = None, frozenset(), True, list(argv)
+    while rest and rest[0] in ("--api-key-file", "--admin-from", "--as-shipped"):
+        if rest[0] == "--as-shipped":  # proxy.keepRemovedOut false: only the access rules
+            fixes, rest = False, rest[1:]
+            continue
+        option, value, rest = rest[0], rest[1], rest[2:]
+        if option == "--api-key-file":
+            with open(value, encoding="utf-8") as f:
+                key = f.read().strip()
+            if not key:
+                sys.exit(f"pd_proxy_launch.py: {value} is empty: the proxy would take any key")
+        else:
+            admins = frozenset(a for a in value.split(",") if a)
+    return key, admins, fixes, rest
+
+
 # -- launching ------------------------------------------------------------------------------------
 
 
@@ -509,8 +604,10 @@ def patch(namespace: dict) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: pd_proxy_launch.py SCRIPT [ARGS...]")
+    key, admins, fixes, argv = launcher_options(sys.argv[1:])
+    if not argv:
+        sys.exit("usage: pd_proxy_launch.py [--api-key-file FILE] [--admin-from ADDR,...] [--as-shipped] SCRIPT "
+                 "[ARGS...]")
     import uvicorn
 
     real_run = uvicorn.run
@@ -525,22 +622,26 @@ def main() -> None:
             namespace = importlib.import_module(app.partition(":")[0]).__dict__
         else:
             namespace = sys.modules["__main__"].__dict__
-        patch(namespace)
+        if fixes:
+            patch(namespace)
+        guard(namespace, key, admins)
         return real_run(app, *args, **kwargs)
 
     uvicorn.run = run
-    sys.argv = sys.argv[1:]
+    sys.argv = argv
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 if __name__ == "__main__":
     main()
 ASCEND_PD_PY
-if needs_start /workspace/ascend-pd/run/proxy.pid 5165a875f10ae335 30; then
+if needs_start /workspace/ascend-pd/run/proxy.pid 7e0ac697ac38cd9a 30; then
   rotate_log /workspace/ascend-pd/logs/proxy.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
       python3 /workspace/ascend-pd/run/pd_proxy_launch.py \
+      --api-key-file /workspace/ascend-pd/run/secrets/proxy-api-key \
+      --admin-from 192.0.2.10,192.0.2.11,192.0.2.12,192.0.2.13,192.0.2.20,192.0.2.21,192.0.2.22,192.0.2.23,127.0.0.1 \
       /vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py \
       --host 192.0.2.10 \
       --port 18020 \
@@ -626,7 +727,7 @@ if needs_start /workspace/ascend-pd/run/proxy.pid 5165a875f10ae335 30; then
       7107 \
       --waiting-retry-interval 1.0 \
       > /workspace/ascend-pd/logs/proxy.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/proxy.pid 5165a875f10ae335 $!
+  started /workspace/ascend-pd/run/proxy.pid 7e0ac697ac38cd9a $!
 fi
 # /healthcheck must report every planned instance.
 deadline=$((SECONDS + ready_timeout_s))
@@ -640,7 +741,7 @@ until curl --noproxy '*' -fsS -m 5 "$url/healthcheck" 2>/dev/null | "$py" -c "$p
   sleep 2
 done
 # One chat completion through the proxy must return text that a prefill and a decode rank both served.
-if ! "$py" -c "$pd_smoke" "$url" "$model" "$smoke_timeout_s" "$ranks" 16; then
+if ! "$py" -c "$pd_smoke" "$url" "$model" "$smoke_timeout_s" "$ranks" 16 "$key_file"; then
   stop_pidfiles 10 "$pidfile"
   fail_with_log "$log" "smoke completion through the proxy failed"
 fi

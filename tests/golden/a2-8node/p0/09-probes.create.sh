@@ -184,11 +184,14 @@ model=deepseek_v4
 py=python3
 ranks='{"prefill":["http://192.0.2.10:7100","http://192.0.2.10:7101","http://192.0.2.11:7100","http://192.0.2.11:7101","http://192.0.2.12:7100","http://192.0.2.12:7101","http://192.0.2.13:7100","http://192.0.2.13:7101"],"decode":["http://192.0.2.20:7100","http://192.0.2.20:7101","http://192.0.2.20:7102","http://192.0.2.20:7103","http://192.0.2.20:7104","http://192.0.2.20:7105","http://192.0.2.20:7106","http://192.0.2.20:7107","http://192.0.2.21:7100","http://192.0.2.21:7101","http://192.0.2.21:7102","http://192.0.2.21:7103","http://192.0.2.21:7104","http://192.0.2.21:7105","http://192.0.2.21:7106","http://192.0.2.21:7107","http://192.0.2.22:7100","http://192.0.2.22:7101","http://192.0.2.22:7102","http://192.0.2.22:7103","http://192.0.2.22:7104","http://192.0.2.22:7105","http://192.0.2.22:7106","http://192.0.2.22:7107","http://192.0.2.23:7100","http://192.0.2.23:7101","http://192.0.2.23:7102","http://192.0.2.23:7103","http://192.0.2.23:7104","http://192.0.2.23:7105","http://192.0.2.23:7106","http://192.0.2.23:7107"]}'
 readiness_timeout_s=120
+key_file=/workspace/ascend-pd/run/secrets/proxy-api-key
 
 pd_smoke=$(cat <<'ASCEND_PD_PY'
 """A smoke completion that proves the P/D path, not only that something answered.
 
-    pd_smoke.py URL MODEL TIMEOUT_S RANKS_JSON MAX_TOKENS     (RANKS_JSON: {"prefill": [url], "decode": [url]})
+    pd_smoke.py URL MODEL TIMEOUT_S RANKS_JSON MAX_TOKENS [KEY_FILE]     (RANKS_JSON: {"prefill": [url], "decode": [url]})
+
+KEY_FILE: the proxy's key (ascend-pd:proxy.auth), sent as `Authorization: Bearer`; empty or absent: none.
 
 Reads `/metrics` of every rank, sends one chat completion through the proxy at URL, reads `/metrics`
 again, and passes only when (1) the answer has text, (2) a prefill rank finished a request and a
@@ -317,12 +320,21 @@ def _all_metrics(ranks: dict, timeout: float) -> dict:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via http_proxy
 
 
-def main(url: str, model: str, timeout_s: str, ranks_json: str, max_tokens: str = "16") -> int:
+def main(url: str, model: str, timeout_s: str, ranks_json: str, max_tokens: str = "16", key_file: str = "") -> int:
     timeout, ranks = float(timeout_s), json.loads(ranks_json)
+    headers = {"Content-Type": "application/json"}
+    if key_file:
+        try:
+            with open(key_file, encoding="utf-8") as f:
+                headers["Authorization"] = "Bearer " + f.read().strip()
+        except OSError as exc:
+            print(f"smoke completion failed via {url}: cannot read the proxy's key {key_file} ({exc.strerror})",
+                  file=sys.stderr)
+            return 1
     started = time.monotonic()
     phase = min(5.0, timeout / 4)  # each /metrics round; the completion gets the rest
     before = _all_metrics(ranks, phase)
-    req = urllib.request.Request(url + "/v1/chat/completions", headers={"Content-Type": "application/json"},
+    req = urllib.request.Request(url + "/v1/chat/completions", headers=headers,
                                  data=json.dumps({
                                      "model": model, "messages": [{"role": "user", "content": "hello"}],
                                      "max_tokens": int(max_tokens), "temperature": 0, "stream": False,
@@ -349,7 +361,7 @@ if __name__ == "__main__":
     sys.exit(main(*sys.argv[1:]))
 ASCEND_PD_PY
 )
-if out=$("$py" -c "$pd_smoke" "$proxy" "$model" "$readiness_timeout_s" "$ranks" 8 2>&1); then
+if out=$("$py" -c "$pd_smoke" "$proxy" "$model" "$readiness_timeout_s" "$ranks" 8 "$key_file" 2>&1); then
   pass "$out"
 else
   fail "$(printf '%s' "${out:-$py exited without a word}" | tr -d '
