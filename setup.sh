@@ -14,9 +14,10 @@ export DEBIAN_FRONTEND=noninteractive
 # promtool): the generated scrape config, recording rules and alerts are checked and run for real.
 # docker.io (dockerd, runc), docker-registry, jq, debootstrap: the real-engine tests' nodes each run a
 # dockerd, pull the test NPU image (built with debootstrap) from a registry on a bridge, and jq edits
-# runc's bundle in the harness' runtime wrapper (tests/realengine/).
+# runc's bundle in the harness' runtime wrapper (tests/realengine/). nftables: the nodes' firewall
+# (ascend-pd:firewall) is loaded for real in the real-engine nodes' network namespaces.
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 numactl openssh-server openssh-client prometheus prometheus-node-exporter docker.io docker-registry jq debootstrap >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends etcd-server etcd-client shellcheck curl procps iproute2 numactl openssh-server openssh-client prometheus prometheus-node-exporter docker.io docker-registry jq debootstrap nftables >/dev/null
 python3 -m venv venv
 venv/bin/pip install -q --upgrade pip
 venv/bin/pip install -q -r requirements-dev.txt

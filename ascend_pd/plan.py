@@ -467,9 +467,10 @@ def build_plan(cfg: StackConfig, stack: str) -> Plan:
             "--data-dir", e.data_dir,
             "--listen-client-urls", f"http://{ea}:{e.client_port}",
             "--advertise-client-urls", f"http://{ea}:{e.client_port}",
-            "--listen-peer-urls", f"http://{ea}:{e.peer_port}",
-            "--initial-advertise-peer-urls", f"http://{ea}:{e.peer_port}",
-            "--initial-cluster", f"etcd-single=http://{ea}:{e.peer_port}",
+            # One member: nothing but etcd itself uses the peer port, so it listens on loopback only.
+            "--listen-peer-urls", f"http://127.0.0.1:{e.peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{e.peer_port}",
+            "--initial-cluster", f"etcd-single=http://127.0.0.1:{e.peer_port}",
         ),
     )
     instances = _instances(cfg, "prefill") + _instances(cfg, "decode")

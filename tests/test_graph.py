@@ -191,6 +191,12 @@ def test_per_node_start_order(stack):
         # Nothing in the container listens before the node's firewall is loaded; the pull need not wait.
         assert run.waits_for(container, run.named(f"{n.name}-firewall"))
         assert not run.waits_for(run.named(f"{n.name}-image"), run.named(f"{n.name}-firewall"))
+        # A container waits for its own node's firewall only; the worker, the first thing that talks to
+        # peers, waits for every node's (each names this node's address).
+        for other in plan.nodes:
+            if other.name != n.name:
+                assert not run.waits_for(container, run.named(f"{other.name}-firewall")), (n.name, other.name)
+            assert run.waits_for(worker, run.named(f"{other.name}-firewall")), (n.name, other.name)
         launch = run.named(f"{n.name}-launch") if plan.instance_on(n.name) else None
         for step in scripts.prepare(plan, n.name):
             prepared = run.named(f"{n.name}-{step.name}")

@@ -54,7 +54,7 @@ def base_settings(root: Path, node_dir: Path, *, image_mode: bool) -> dict:
                 Path(p).write_text("patch\n")
     data["container"]["extraMounts"] = [{"host": "/models", "container": "/models", "readOnly": True}]
     data["container"]["env"] = {"https_proxy": "http://proxy.example:3128"}
-    data["ssh"] = {"hostKeys": {"p1": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinned"}}
+    data["ssh"]["hostKeys"]["p1"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinned"  # every node stays pinned
     data["nodes"][0]["formerNames"] = ["p9"]
     data["yuanrong"].update(flags={"rpc_thread_num": "8"}, livenessPath=str(node_dir / "live"), interleave="0-7")
     data["etcd"]["dataDir"] = str(root / "etcd")

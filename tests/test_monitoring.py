@@ -27,6 +27,7 @@ from ascend_pd.monitoring import (
 from ascend_pd.plan import Plan, build_plan
 from ascend_pd.scripts.launch import restart_bound_s
 from ascend_pd.status import HitRates, Timeouts, collect_status
+from proxy_key import AUTH
 from status_support import (Procs, clean_env, have_etcd, http_ok, plan_of, start_etcd, start_proxy, start_ranks,
                             wait_until)
 from test_status import COUNTERS, stack
@@ -572,7 +573,8 @@ def test_decode_only_fallback_fires_live(tmp_path):
         while not stop.is_set():
             body = {"model": plan.cfg.model.served_name, "prompt": f"{uuid.uuid4().hex} " * 40, "max_tokens": 2}
             try:
-                answers.append(s.post(f"{plan.proxy.url}/v1/completions", json=body, timeout=10).status_code)
+                answers.append(s.post(f"{plan.proxy.url}/v1/completions", json=body, headers=AUTH,
+                                      timeout=10).status_code)
             except requests.RequestException:
                 answers.append(0)
             stop.wait(0.05)

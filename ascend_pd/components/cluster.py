@@ -5,6 +5,7 @@ Start order per node (every arrow is a dependency; nodes proceed independently):
     <node>-preflight ----> <node>-docker, <node>-image, <node>-container, <node>-nr-hugepages, <node>-firewall
                            (unless preflight.mode is off; so everything below waits for it)
     <node>-firewall -----> <node>-container (unless firewall.enabled is false: nothing listens before it)
+    every node's firewall -> <node>-worker (nothing talks to a peer before the peer's firewall lets it in)
     <node>-container --+--> <node>-install-yuanrong -> <node>-<stack's pip/patch steps...> --+
           |            +--> <etcd node>-install-etcd -> <etcd node>-etcd                      |
           +--> <node>-probes         |                         |                              |
@@ -70,23 +71,31 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None, *,
     cfg = plan.cfg
     conns = {n.name: connection(ssh=cfg.ssh, node=n, private_key=private_key) for n in plan.nodes}
 
-    npus: dict[str, NpuContainer] = {}
-    hugepages: dict[str, HugepageHost] = {}
+    preflights: dict[str, Optional[NodePreflight]] = {}
     for node in plan.nodes:
-        preflight = None
+        preflights[node.name] = None
         if cfg.preflight.mode != "off":
-            preflight = NodePreflight(
+            preflights[node.name] = NodePreflight(
                 f"{node.name}-preflight-gate",  # its Command is <node>-preflight
                 opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("preflight-gate")]),
                 node=node, conn=conns[node.name], script=scripts.preflight(plan, node.name),
             )
-        firewall = None
-        if cfg.firewall.enabled:
-            firewall = HostFirewall(
-                f"{node.name}-host-firewall",  # its Command is <node>-firewall
-                opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("host-firewall")]),
-                node=node, conn=conns[node.name], script=scripts.firewall(plan, node.name), preflight=preflight,
-            )
+    # Every node's firewall names every peer's address. A node's container waits for its own; its
+    # worker, the first thing of it that talks to peers (it reconciles with every other worker at start
+    # and fails otherwise; launches and the proxy come after it), waits for all of them: a node that
+    # joins or changes address is let in everywhere first.
+    firewalls: dict[str, HostFirewall] = {}
+    if cfg.firewall.enabled:
+        firewalls = {node.name: HostFirewall(
+            f"{node.name}-host-firewall",  # its Command is <node>-firewall
+            opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("host-firewall")]),
+            node=node, conn=conns[node.name], script=scripts.firewall(plan, node.name), preflight=preflights[node.name],
+        ) for node in plan.nodes}
+
+    npus: dict[str, NpuContainer] = {}
+    hugepages: dict[str, HugepageHost] = {}
+    for node in plan.nodes:
+        preflight = preflights[node.name]
         npus[node.name] = NpuContainer(
             f"{node.name}-npu",
             opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=n) for n in node.names_of("npu")]),
@@ -96,7 +105,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None, *,
             conn=conns[node.name],
             prepare=scripts.prepare(plan, node.name),
             preflight=preflight,
-            firewall=firewall,
+            firewall=firewalls.get(node.name),
         )
         if cfg.hugepages is not None:
             hugepages[node.name] = HugepageHost(
@@ -129,6 +138,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None, *,
             npu=npus[node.name],
             etcd=etcd,
             hugepages=hugepages.get(node.name),
+            firewalls=list(firewalls.values()),
             script=scripts.worker(plan, node.name),
         )
         for node in plan.nodes

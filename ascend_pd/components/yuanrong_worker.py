@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
@@ -11,6 +11,7 @@ from ascend_pd.plan import NodePlan, WorkerPlan
 from ascend_pd.shell import Script
 
 from .etcd_single import EtcdSingle
+from .host_firewall import HostFirewall
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .transport import container_command
@@ -42,6 +43,7 @@ class YuanrongWorker(pulumi.ComponentResource):
         etcd: EtcdSingle,
         hugepages: Optional[HugepageHost],
         script: Script,
+        firewalls: Sequence[HostFirewall] = (),
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("ascend-pd:index:YuanrongWorker", name, None, opts)
@@ -51,6 +53,9 @@ class YuanrongWorker(pulumi.ComponentResource):
         after: list[pulumi.Resource] = [npu.steps.get("install-yuanrong", npu.ready), etcd.command]
         if hugepages is not None:
             after.append(hugepages.command)
+        # It reconciles with every other worker at start: every node's firewall must name this node's
+        # address first (a readdressed node's worker failed with "Success num: 0" before this).
+        after += [f.command for f in firewalls]
         # A replaced etcd starts empty (its delete removes the data dir): every worker's registration
         # is gone, and a worker left running never registers again. Following etcd's id, each worker's
         # create runs again after a replacement, finds itself unregistered and restarts into the new

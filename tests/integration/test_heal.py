@@ -27,6 +27,7 @@ import pytest
 import requests
 
 import run_harness as harness
+from proxy_key import AUTH
 
 from ascend_pd import heal
 from ascend_pd.status import Timeouts
@@ -112,7 +113,7 @@ def complete(c: harness.Cluster, timeout: float = 20) -> tuple[int, float]:
     """One chat completion through the proxy: (HTTP status or 0, seconds)."""
     t0 = time.monotonic()
     try:
-        code = requests.post(f"{c.any_plan.proxy.url}/v1/chat/completions", timeout=timeout, json={
+        code = requests.post(f"{c.any_plan.proxy.url}/v1/chat/completions", timeout=timeout, headers=AUTH, json={
             "model": c.any_plan.cfg.model.served_name, "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 4}).status_code
     except requests.RequestException:

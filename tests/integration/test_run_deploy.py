@@ -17,6 +17,7 @@ import pytest
 import requests
 
 import run_harness as harness
+from proxy_key import AUTH
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ def test_deploy_in_graph_order(deployment: harness.Cluster):
             assert os.readlink(f"/proc/{c.pid(n, rank.name)}/fd/0") == "/dev/null"
 
     # Served end to end: proxy -> prefill rank -> decode rank.
-    answer = requests.post(f"{plan.proxy.url}/v1/chat/completions", timeout=10, json={
+    answer = requests.post(f"{plan.proxy.url}/v1/chat/completions", timeout=10, headers=AUTH, json={
         "model": plan.cfg.model.served_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
     }).json()
     assert answer["choices"][0]["message"]["content"]

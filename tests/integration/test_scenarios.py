@@ -139,7 +139,7 @@ def test_a_new_image_replaces_every_container_and_what_runs_in_it(dep: eh.Deploy
     run = dep.up(release_upgrade.overrides(STACK))
     assert run.outcome.ok, run.failures()
     p = dep.cluster.any_plan.proxy
-    assert harness.cmdline(dep.cluster.pid(p.node, "proxy"))[2] == str(proxy_release.for_release(release_upgrade.RELEASE))
+    assert str(proxy_release.for_release(release_upgrade.RELEASE)) in harness.cmdline(dep.cluster.pid(p.node, "proxy"))
     ops = run.ops()
     for n in dep.cluster.nodes:
         assert ops.index((DELETE_REPLACED, f"{n}-launch")) < ops.index((DELETE_REPLACED, f"{n}-container"))

@@ -20,11 +20,16 @@ import engine
 import image as image_build
 import nodes
 import stacks
+from proxy_key import TEST_PROXY_KEY
+
+from ascend_pd.secrets import PROXY_KEY_ENV, placeholder
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ascend-pd"
 ASCEND_PD = [sys.executable, "-m", "ascend_pd"]
 # Processes a deployment starts on a node (inside its containers), as `ps -eo args` shows them.
 SERVICE_MARKERS = ("datasystem_worker", "fake_vllm.py", "load_balance_proxy_server", "pd_proxy_launch", "etcd --")
+PLANTED_NAME = "HF_TOKEN"  # set with `pulumi config set --secret --path ascend-pd:vllm.env.HF_TOKEN`
+PLANTED_SECRET = "hf_plantedRealEngine7q2w9e4r1t6y"
 
 
 def skip_reason() -> Optional[str]:
@@ -51,6 +56,7 @@ class Image:
     ref: str
     wheel: str
     proxies: dict
+    patch: str  # the yuanrong-backend patch for the image's stand-in vllm-ascend checkout
 
 
 class RealCluster:
@@ -61,6 +67,9 @@ class RealCluster:
         `upgrade`: the stack upgraded to vllm-ascend 0.23.0.post1 as docs/changes.md says."""
         self.stack = stack
         self.upgrade = upgrade
+        # What the stack keeps secret: the proxy's key, and a value planted in vllm.env that must be
+        # found nowhere in clear (test_lifecycle.py: the preview, the state, ps, the logs, the bundle).
+        self.secrets = {"proxyApiKey": TEST_PROXY_KEY, f"vllm.env.{PLANTED_NAME}": PLANTED_SECRET}
         self.workdir = workdir
         names = [n["name"] for n in stacks.settings(stack)["nodes"]] + [f"x{i}" for i in range(spare)]
         self.fleet = nodes.Fleet(names, workdir / "fleet", npus=16 if stack.startswith("a3") else 8)
@@ -85,7 +94,7 @@ class RealCluster:
         self.push_seconds = 0.0
         if not self.fleet.has_image(ref):
             self.push_seconds = self.fleet.push_image(build.tarball, build.changes, ref)
-        return Image(ref=ref, wheel=build.wheel, proxies=build.proxies)
+        return Image(ref=ref, wheel=build.wheel, proxies=build.proxies, patch=build.patch)
 
     def rebuild(self, tag: str) -> str:
         """The test image as a rebuild of it under `tag` in the fleet's registry: the same layers with
@@ -128,9 +137,10 @@ class RealCluster:
         return stacks.on_fleet(self.stack, self.fleet, self.image, upgrade=self.upgrade, **{**self.overrides, **overrides})
 
     def configure(self, **overrides: Any) -> dict[str, Any]:
-        """Write the stack file (the base overrides plus these) as the next `up` will read it."""
+        """Write the stack file (the base overrides plus these) as the next `up` will read it, with the
+        proxy's key and the planted secret set as an operator sets them (`config set --secret`)."""
         s = self.settings(**overrides)
-        self.project.configure(s, private_key=self.private_key)
+        self.project.configure(s, private_key=self.private_key, secrets=self.secrets)
         return s
 
     def model_graph(self, **overrides: Any):
@@ -141,7 +151,11 @@ class RealCluster:
         config = {f"ascend-pd:{k}": v if isinstance(v, str) else json.dumps(v)
                   for k, v in self.settings(**overrides).items()}
         config["ascend-pd:sshPrivateKey"] = self.private_key
-        return capture(config, stack=self.stack, secret_keys=["ascend-pd:sshPrivateKey"])
+        config["ascend-pd:proxyApiKey"] = TEST_PROXY_KEY
+        vllm = json.loads(config["ascend-pd:vllm"])  # the planted secret as render and diff see it
+        vllm.setdefault("env", {})[PLANTED_NAME] = placeholder("the planted secret")
+        config["ascend-pd:vllm"] = json.dumps(vllm)
+        return capture(config, stack=self.stack, secret_keys=["ascend-pd:sshPrivateKey", "ascend-pd:proxyApiKey"])
 
     @property
     def stack_file(self) -> Path:
@@ -150,8 +164,9 @@ class RealCluster:
     # -- what an operator runs afterwards ----------------------------------------------------------
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """`ascend-pd ARGS --stack-file <this stack>` from the test's own environment."""
-        env = {**os.environ, **self.project.env, "NO_PROXY": "*"}
+        """`ascend-pd ARGS --stack-file <this stack>` from the test's own environment, with the proxy's
+        key exported as an operator exports it for status."""
+        env = {**os.environ, **self.project.env, "NO_PROXY": "*", PROXY_KEY_ENV: TEST_PROXY_KEY}
         for v in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
             env.pop(v, None)
         return subprocess.run([*ASCEND_PD, *args, "--stack-file", str(self.stack_file)], capture_output=True,

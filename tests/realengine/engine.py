@@ -164,9 +164,11 @@ class Project:
     def stack_file(self) -> Path:
         return self.dir / f"Pulumi.{self.stack_name}.yaml"
 
-    def configure(self, settings: dict[str, Any], *, private_key: Optional[str] = None) -> None:
+    def configure(self, settings: dict[str, Any], *, private_key: Optional[str] = None,
+                  secrets: Optional[dict[str, str]] = None) -> None:
         """Write the stack's settings as an operator writes them (YAML objects under `ascend-pd:`),
-        then the SSH key as an encrypted secret with `pulumi config set --secret`."""
+        then the SSH key and `secrets` (setting path -> value: `proxyApiKey`, `vllm.env.HF_TOKEN`) as
+        encrypted secrets with `pulumi config set --secret [--path]`."""
         doc = yaml.safe_load(self.stack_file.read_text()) if self.stack_file.exists() else {}
         doc = doc or {}
         kept = {k: v for k, v in (doc.get("config") or {}).items() if k == "ascend-pd:sshPrivateKey"}
@@ -174,6 +176,9 @@ class Project:
         self.stack_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
         if private_key is not None:
             self.stack.set_config("ascend-pd:sshPrivateKey", self.auto.ConfigValue(value=private_key, secret=True))
+        for path, value in (secrets or {}).items():
+            self.stack.set_config(f"ascend-pd:{path}", self.auto.ConfigValue(value=value, secret=True),
+                                  path="." in path)
 
     # -- operations ----------------------------------------------------------------------------
 

@@ -9,7 +9,11 @@ util-linux, numactl, git, jq) and Debian's etcd (the program's `install-etcd` st
 release PD proxy imports (fastapi, httpx, uvicorn); the openYuanrong wheel itself under
 /opt/wheels (the stacks' `yuanrong.package` is its requirement, which the prepare step's `pip install`
 resolves from there offline, finding everything installed); the fake vLLM (tests/fakes) as `vllm` on
-PATH; and the proxy script of every release ascend-pd knows under /opt/apd-proxy/<version>/.
+PATH; the proxy script of every release ascend-pd knows under /opt/apd-proxy/<version>/; and a
+stand-in of the image's vllm-ascend checkout (a git repository at /vllm-workspace/vllm-ascend whose
+AscendStoreConnector lists the backends 0.18.0 has) with a one-commit patch series beside it that
+adds the `yuanrong` backend, as seed 003's series does: a stack on 0.18.0 runs its real `git am`
+step (ascend_pd/scripts/prepare.py) and passes the release check that asks for it.
 
 Two cached layers under ~/.cache/ascend-pd/npu-image/: the Debian base (keyed by its package
 list; about 2 minutes) and the image (keyed by everything copied in: editing a fake rebuilds only
@@ -38,7 +42,7 @@ if str(TESTS) not in sys.path:
 
 import proxy_release  # noqa: E402
 
-RECIPE_REV = 1
+RECIPE_REV = 2  # 2: the vllm-ascend stand-in checkout and its patch
 SUITE = "bookworm"
 MIRROR = os.environ.get("ASCEND_PD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBIAN_PACKAGES = ("bash", "coreutils", "procps", "curl", "ca-certificates", "iproute2", "util-linux", "findutils",
@@ -58,7 +62,32 @@ class ImageBuild:
     key: str
     wheel: str  # the openYuanrong wheel, inside the image
     proxies: dict = field(default_factory=dict)  # vllm-ascend release -> proxy script inside the image
+    patch: str = ""  # the yuanrong-backend patch for REPO, inside the image
     changes: tuple = CHANGES  # `docker import --change` instructions
+
+
+REPO = "/vllm-workspace/vllm-ascend"
+BACKENDS = "vllm_ascend/distributed/kv_transfer/kv_pool/ascend_store/backend/__init__.py"
+
+
+def _checkout(root: Path) -> str:
+    """The vllm-ascend stand-in at REPO and the patch that adds the yuanrong backend to it, made with
+    this machine's git. Returns the patch's path inside the image."""
+    repo = root / REPO.lstrip("/")
+    (repo / BACKENDS).parent.mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=ascend-pd-test", "-c", "user.email=test@localhost"]
+    _run(["git", "init", "-q", "-b", "main", str(repo)], timeout=60)
+    (repo / BACKENDS).write_text('BACKENDS = ["memcache", "mooncake"]\n')
+    _run([*git, "add", "-A"], timeout=60)
+    _run([*git, "commit", "-q", "-m", "vllm-ascend 0.18.0 (test stand-in)"], timeout=60)
+    (repo / BACKENDS).write_text('BACKENDS = ["memcache", "mooncake", "yuanrong"]\n')
+    _run([*git, "commit", "-q", "-a", "-m", "Implement yuanrong backend"], timeout=60)
+    patches = root / "opt/apd-patches"
+    patches.mkdir(parents=True)
+    _run([*git, "format-patch", "-q", "-1", "-o", str(patches)], timeout=60)
+    _run([*git, "reset", "-q", "--hard", "HEAD~1"], timeout=60)
+    (name,) = [p.name for p in patches.iterdir()]
+    return f"/opt/apd-patches/{name}"
 
 
 def _log(t0: float, msg: str) -> None:
@@ -129,7 +158,7 @@ def ensure_image() -> ImageBuild:
     meta = d / "done"
     if meta.exists():
         m = json.loads(meta.read_text())
-        return ImageBuild(tarball=tarball, key=key, wheel=m["wheel"], proxies=m["proxies"])
+        return ImageBuild(tarball=tarball, key=key, wheel=m["wheel"], proxies=m["proxies"], patch=m["patch"])
     base = _base(t0)
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
@@ -167,13 +196,14 @@ def ensure_image() -> ImageBuild:
         (root / f"opt/apd-proxy/{v}").mkdir(parents=True)
         shutil.copy(p, root / f"opt/apd-proxy/{v}/{p.name}")
         inside[v] = f"/opt/apd-proxy/{v}/{p.name}"
+    patch = _checkout(root)
     _log(t0, "tar")
     _run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(tarball), "."], timeout=900)
     shutil.rmtree(root, ignore_errors=True)
-    meta.write_text(json.dumps({"wheel": f"/opt/wheels/{wheel.name}", "proxies": inside}))
+    meta.write_text(json.dumps({"wheel": f"/opt/wheels/{wheel.name}", "proxies": inside, "patch": patch}))
     _prune(d, "image-")
     _log(t0, f"built {tarball} ({tarball.stat().st_size // 2**20} MiB)")
-    return ImageBuild(tarball=tarball, key=key, wheel=f"/opt/wheels/{wheel.name}", proxies=inside)
+    return ImageBuild(tarball=tarball, key=key, wheel=f"/opt/wheels/{wheel.name}", proxies=inside, patch=patch)
 
 
 if __name__ == "__main__":

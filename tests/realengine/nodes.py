@@ -281,14 +281,35 @@ class Fleet:
             "  StrictHostKeyChecking yes\n  GlobalKnownHostsFile /dev/null\n  LogLevel ERROR\n")
 
     def add_address(self, name: str, address: str) -> None:
-        """Give a node a second address (the same machine, readdressed)."""
+        """Give a node a second address (the same machine, readdressed): the one it now connects from
+        too, as after a real readdress (the peers' firewalls let in the new address only). The old one
+        still answers, so the tools that reach the node by it keep working."""
         node = self.nodes[name]
-        _run(["nsenter", "-t", str(node.pid), "-n", "ip", "addr", "add", f"{address}/24", "dev", "eth0"])
+        ns = ["nsenter", "-t", str(node.pid), "-n"]
+        _run([*ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0"])
+        _run([*ns, "ip", "route", "replace", f"{self.prefix}0/24", "dev", "eth0", "proto", "kernel", "scope", "link",
+              "src", address])
         node.extra_addresses.append(address)
         self._write_ssh_files()
 
     def address(self, index: int) -> str:
         return self.prefix + str(10 + index)
+
+    def stranger(self) -> "Stranger":
+        """A machine on the nodes' network that is not in the stack (not a node, not an operator): a
+        network namespace of its own on the bridge, at .250. Close it when done."""
+        proc = subprocess.Popen(["unshare", "--net", "--fork", "--kill-child", "sleep", "infinity"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        pid = self._child_of(proc.pid)
+        stranger = Stranger(self.prefix + "250", pid, proc)
+        host = f"apd{self.net}vs"
+        _run(["ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", str(pid)])
+        _run(["ip", "link", "set", host, "master", self.bridge, "up"])
+        for argv in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", f"{stranger.address}/24", "dev", "eth0"],
+                     ["ip", "link", "set", "eth0", "up"], ["ip", "route", "add", "default", "via", self.gateway]):
+            stranger.run(*argv)
+        return stranger
 
     def close(self) -> None:
         for node in self.nodes.values():
@@ -339,3 +360,21 @@ class Fleet:
             if b"apd-node" in cmdline or b"docker-registry" in cmdline:
                 self._kill(pid)
         self._remove_node_dirs()
+
+
+@dataclass
+class Stranger:
+    """A machine on the bridge outside the cluster (Fleet.stranger)."""
+
+    address: str
+    pid: int
+    proc: subprocess.Popen
+
+    def run(self, *argv: str, timeout: float = 120, check: bool = True, input: Optional[str] = None
+            ) -> subprocess.CompletedProcess:
+        """A command in the stranger's network namespace (this machine's filesystem and tools)."""
+        return _run(["nsenter", "-t", str(self.pid), "-n", *argv], timeout=timeout, check=check, input=input)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)

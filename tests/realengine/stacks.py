@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import image as image_build
 import release_upgrade
 from quiet_worker import QUIET_WORKER_FLAGS
 
@@ -68,8 +69,12 @@ def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, upgrad
     c.update(image=image.ref, shmSize="1g", pullTimeoutS=600,
              env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": image.wheel.rsplit("/", 1)[0]})
     # The stacks' pip and patch steps reach PyPI and the image's vLLM sources; one offline pip step
-    # keeps a preparation step beyond the worker's install in the chain.
-    c["prepare"] = [{"pip": ["--no-index", "--no-deps", image.wheel]}] if c.get("prepare") else []
+    # keeps a preparation step beyond the worker's install in the chain, and a stack that patches
+    # the yuanrong backend into vllm-ascend (a3 on 0.18.0) applies the image's stand-in patch to
+    # the image's stand-in checkout (tests/realengine/image.py) with the same `git am` step.
+    patched = any(str(s.get("repo", "")).rstrip("/").endswith("vllm-ascend") for s in c.get("prepare") or [])
+    c["prepare"] = ([{"pip": ["--no-index", "--no-deps", image.wheel]}] if c.get("prepare") else []) + \
+        ([{"repo": image_build.REPO, "patches": [image.patch]}] if patched else [])
     for role in ("prefill", "decode"):
         raw[role].pop("image", None)
     raw["model"] = {**raw["model"], "path": MODEL_DIR}
@@ -87,6 +92,8 @@ def on_fleet(stack: str, fleet, image, *, names: list[str] | None = None, upgrad
     # The fake nodes have no RoCE fabric or CANN: the gate is tested against fake Ascend nodes
     # behind sshd (tests/test_preflight_doctor.py).
     raw["preflight"] = {"mode": "off"}
+    # The firewall on: the test machine (the bridge's address) is the operator that runs status and heal.
+    raw["firewall"] = {"operators": [fleet.gateway]}
     # The shrink first, then the test's overrides on top of it (an override of `decode.flags` keeps
     # the shrunk `decode.dp`).
     for layer in (SHRINK[stack], overrides):

@@ -9,6 +9,9 @@ suite does (tests/realengine/stacks.py); the topology, ports, flags and placemen
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import tarfile
 import time
 
 import pytest
@@ -93,6 +96,134 @@ def test_first_up_serves(dep: rc.RealCluster):
     assert model.makespan_s <= run.seconds
     for line in secret_lines(dep):
         assert line not in run.stdout
+
+
+SCAN = """
+import json, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+def probe(target):
+    s = socket.socket()
+    s.settimeout(1.5)
+    try:
+        s.connect(tuple(target))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+targets = json.load(sys.stdin)
+with ThreadPoolExecutor(256) as pool:
+    print(json.dumps(list(pool.map(probe, targets))))
+"""
+LISTEN = "import socket, sys, time\ns = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen()\n" \
+         "print(s.getsockname()[1], flush=True); time.sleep(3600)\n"
+
+
+def listening(node, address: str) -> list[int]:
+    """The TCP ports a node listens on where another machine could reach (not loopback-only)."""
+    ports = set()
+    for line in node.sh("ss -Htln").stdout.splitlines():
+        local = line.split()[3]
+        host, _, port = local.rpartition(":")
+        if host.strip("[]") in ("0.0.0.0", "*", "::", address):
+            ports.add(int(port))
+    return sorted(ports)
+
+
+def reached(stranger, targets: list[tuple[str, int]]) -> set[tuple[str, int]]:
+    answers = json.loads(stranger.run("python3", "-c", SCAN, input=json.dumps(targets)).stdout)
+    return {t for t, ok in zip(targets, answers) if ok}
+
+
+def current_plan(dep: rc.RealCluster):
+    from ascend_pd.loader import open_stack
+
+    return open_stack(stack_file=dep.stack_file).build_plan()  # secure values read as placeholders
+
+
+def test_a_stranger_reaches_ssh_and_the_authenticated_proxy_and_nothing_else(dep: rc.RealCluster):
+    """A machine on the nodes' network that is not in the stack: every port every node listens on
+    (the plan's, and one opened at random as vLLM, torch and HCCL do) tried with and without each node's
+    firewall; with it, SSH everywhere and the proxy's port on its node only. The proxy refuses it
+    without the key, serves it with the key, and refuses it /instances/... with the key too."""
+    from ascend_pd.scripts import firewall
+
+    plan = current_plan(dep)
+    stranger = dep.fleet.stranger()
+    random_port = None
+    node0 = dep.fleet.nodes[plan.nodes[0].name]
+    listener = subprocess.Popen(["nsenter", "-t", str(node0.pid), "-n", sys.executable, "-c", LISTEN],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        random_port = int(listener.stdout.readline())
+        targets = {n.name: [(n.address, p) for p in listening(dep.fleet.nodes[n.name], n.address)]
+                   for n in plan.nodes}
+        assert (plan.nodes[0].address, random_port) in targets[plan.nodes[0].name]
+        after = {name: reached(stranger, t) for name, t in targets.items()}
+        for n in plan.nodes:
+            dep.fleet.nodes[n.name].sh(f"nft delete table inet {plan.cfg.firewall.table}")
+        try:
+            before = {name: reached(stranger, t) for name, t in targets.items()}
+        finally:
+            for n in plan.nodes:  # the node's own script puts it back, as the next `up` would
+                dep.fleet.nodes[n.name].sh(firewall(plan, n.name).create)
+        figures = {n.name: {"listening": len(targets[n.name]), "reached without": len(before[n.name]),
+                            "reached with": len(after[n.name])} for n in plan.nodes}
+        FIGURES[dep.stack]["stranger_ports"] = figures
+        print(f"\nports a stranger reaches, {dep.stack}: {json.dumps(figures)}")
+        for n in plan.nodes:
+            allowed = {(n.address, 22)} | ({(n.address, plan.proxy.port)} if n.name == plan.proxy.node else set())
+            assert after[n.name] == allowed, (n.name, sorted(after[n.name]))
+            assert before[n.name] == set(targets[n.name]), n.name  # everything, without it
+        assert (plan.nodes[0].address, random_port) in before[plan.nodes[0].name]
+
+        def curl(*args: str) -> str:
+            return stranger.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "30", *args,
+                                check=False).stdout
+        key = f"Authorization: Bearer {dep.secrets['proxyApiKey']}"
+        body = json.dumps({"model": plan.cfg.model.served_name, "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 4})
+        chat = [f"{plan.proxy.url}/v1/chat/completions", "-H", "Content-Type: application/json", "-d", body]
+        assert curl(*chat) == "401"
+        assert curl(*chat, "-H", key) == "200"
+        assert curl(f"{plan.proxy.url}/healthcheck") == "401"
+        take_over = json.dumps({"type": "decode", "instances": [f"{stranger.address}:8000"]})
+        assert curl(f"{plan.proxy.url}/instances/add", "-H", key, "-H", "Content-Type: application/json",
+                    "-d", take_over) == "403"
+    finally:
+        listener.kill()
+        stranger.close()
+    assert dep.wait_serving()  # nothing the stranger did changed the proxy's lists
+
+
+def test_the_planted_secret_is_found_nowhere_in_clear(dep: rc.RealCluster):
+    """`pulumi config set --secret --path ascend-pd:vllm.env.HF_TOKEN`: every rank has it in its
+    environment, and it is in no preview, state, process list, log or support bundle."""
+    secret = rc.PLANTED_SECRET
+    plan = current_plan(dep)
+    for n in plan.nodes:
+        node = dep.fleet.nodes[n.name]
+        ps = node.sh("ps -eo pid=,args=").stdout
+        assert secret not in ps, n.name
+        ranks = [line.split()[0] for line in ps.splitlines() if "fake_vllm.py" in line]
+        if plan.instance_on(n.name) is not None:
+            assert ranks, n.name
+            environ = node.sh(f"tr '\\0' '\\n' < /proc/{ranks[0]}/environ").stdout
+            assert f"{rc.PLANTED_NAME}={secret}" in environ.splitlines(), n.name  # delivered, as a variable
+        name = plan.cfg.container.name
+        logs = node.docker("exec", name, "sh", "-c", f"cat {plan.log_dir}/*.log", check=False).stdout
+        assert logs and secret not in logs, n.name
+    preview = dep.project.preview(diff=True)
+    assert preview.ok and secret not in preview.stdout
+    state = "".join(p.read_text(errors="replace") for p in (dep.project.dir / "state").rglob("*") if p.is_file())
+    assert state and secret not in state
+    out = dep.project.dir / "bundle.tar.gz"
+    made = dep.cli("bundle", "--out", str(out), "--identity", str(dep.fleet.key), "--known-hosts",
+                   str(dep.fleet.known_hosts))
+    assert made.returncode == 0, made.stderr[-2000:]
+    with tarfile.open(out) as tar:
+        text = "".join(tar.extractfile(m).read().decode(errors="replace") for m in tar if m.isfile())
+    assert len(text) > 10000 and secret not in text
 
 
 def test_no_change_after_up(dep: rc.RealCluster):
@@ -229,3 +360,4 @@ def test_destroy_leaves_nothing(dep: rc.RealCluster):
     for name in dep.fleet.nodes:
         left = dep.leftovers(name)
         assert left == {"containers": [], "processes": [], "ports": [], "files": [], "hugepages": "0"}, (name, left)
+        assert "ascend_pd" not in dep.fleet.nodes[name].sh("nft list tables").stdout, name  # the firewall too

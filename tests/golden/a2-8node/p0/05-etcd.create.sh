@@ -117,7 +117,7 @@ mark_done() {  # mark_done MARKER SPEC
 }
 
 mkdir -p "$run_dir" "$log_dir"
-if ! running_with "$pidfile" e19bddcbaeb768ac; then
+if ! running_with "$pidfile" a5d5ebf6b321838b; then
   # A fresh start: the member data of an earlier run must not come back (seed 000's FAQ).
   stop_pidfiles 30 "$pidfile"
   rm -rf "$data_dir"
@@ -132,7 +132,7 @@ if ! command -v etcd > /dev/null 2>&1; then
   echo 'etcd binary etcd is missing on p0: set ascend-pd:etcd.binary to the etcd in the container' >&2
   exit 1
 fi
-if needs_start /workspace/ascend-pd/run/etcd.pid e19bddcbaeb768ac 30; then
+if needs_start /workspace/ascend-pd/run/etcd.pid a5d5ebf6b321838b 30; then
   rotate_log /workspace/ascend-pd/logs/etcd.log
   setsid nohup env \
       -u http_proxy -u https_proxy -u ftp_proxy -u all_proxy -u grpc_proxy -u HTTP_PROXY -u HTTPS_PROXY -u FTP_PROXY -u ALL_PROXY -u GOOGLE_LOGTOSTDERR -u GOOGLE_ALSOLOGTOSTDERR \
@@ -141,11 +141,11 @@ if needs_start /workspace/ascend-pd/run/etcd.pid e19bddcbaeb768ac 30; then
       --data-dir /tmp/etcd-data \
       --listen-client-urls http://192.0.2.10:2379 \
       --advertise-client-urls http://192.0.2.10:2379 \
-      --listen-peer-urls http://192.0.2.10:2380 \
-      --initial-advertise-peer-urls http://192.0.2.10:2380 \
-      --initial-cluster etcd-single=http://192.0.2.10:2380 \
+      --listen-peer-urls http://127.0.0.1:2380 \
+      --initial-advertise-peer-urls http://127.0.0.1:2380 \
+      --initial-cluster etcd-single=http://127.0.0.1:2380 \
       > /workspace/ascend-pd/logs/etcd.log 2>&1 < /dev/null &
-  started /workspace/ascend-pd/run/etcd.pid e19bddcbaeb768ac $!
+  started /workspace/ascend-pd/run/etcd.pid a5d5ebf6b321838b $!
 fi
 deadline=$((SECONDS + start_timeout_s))
 until curl --noproxy '*' -fsS -m 3 "$client_url/health" 2>/dev/null | grep -q '"health":"true"' && pid_of "$pidfile" >/dev/null; do
