@@ -97,7 +97,8 @@ HEAL_DESCRIPTION = (
     "the worker first, then each broken instance as a whole (out of the proxy, stopped on every node, started, "
     "healthy, one request, back in), the others serving throughout. Pulumi's state is not touched: the next "
     "preview shows no change. A restart budget per instance (--max-restarts N within --window MIN, with "
-    "backoff) keeps a crash loop out of the proxy. Exit 0: nothing broken, or all healed; 1: something left "
+    "backoff) keeps a crash loop out of the proxy. An instance with a node that does not answer is not touched "
+    "(its live ranks keep running): heal names the node and what replaces it. Exit 0: nothing broken, or all healed; 1: something left "
     "broken or out; 2: invalid stack file or option."
 )
 

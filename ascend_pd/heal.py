@@ -20,6 +20,10 @@ One cycle (`heal_once`):
    as a whole, and its NPU memory is free once its processes are gone), the launch's create on every
    node at once (starts the ranks, waits until every rank answers /health), one completion on the
    instance's first rank, back into the proxy (`POST /instances/add`);
+   An instance with a node that does not answer (status: none of its endpoints takes a TCP
+   connection; before a real restart also: `ssh` to it fails) is BLOCKED, not restarted: its group
+   cannot start without that node, and stopping the ranks still alive on the others would only make
+   it worse. The report names the node and what replaces it.
 4. a restart budget per instance: at most `max_restarts` restarts within `window_s`, each one after
    a backoff (`backoff_s` doubled per restart already in the window). Past the budget the instance is
    taken out of the proxy and LEFT OUT, and the report says so in capitals: a crash loop costs one
@@ -50,6 +54,7 @@ from .logsources import logs_command
 from .plan import Instance, Plan
 from .shell import CURL, in_container, q
 from .status import Timeouts, collect_status, hang_tracker
+from .status.model import UNREACHABLE
 
 Runner = Callable[[str, str, float], tuple[int, str, str]]  # node, host command, timeout -> rc, out, err
 
@@ -60,6 +65,7 @@ BACKOFF_S = 10.0  # before the second restart within the window; doubled for eac
 PROXY_TIMEOUT_S = 5.0
 ONE_REQUEST_TIMEOUT_S = 60.0  # = launch.ONE_REQUEST_TIMEOUT_S
 SCRIPT_MARGIN_S = 120  # a script's own deadlines plus this bound its run
+REACH_TIMEOUT_S = 30.0  # `true` over ssh, before anything of a group is stopped
 # A rank that does not answer in time may only be slow (a loaded node): an instance broken only by
 # timeouts is polled once more, this much later, before it is restarted. Refused connections (nothing
 # listening) and hangs (judged over hang.seconds already) need no second look.
@@ -180,7 +186,7 @@ class HealReport:
         if self.dry_run:
             return not self.broken and not self.workers
         return all(h.outcome == "healed" for h in self.instances) and not any(
-            "restart failed" in w for w in self.workers)
+            "restart failed" in w or "not restarted" in w for w in self.workers)
 
     def text(self) -> str:
         when = time.strftime("%H:%M:%S", time.gmtime(self.polled_at))
@@ -205,6 +211,15 @@ class HealReport:
                          f"`python -m ascend_pd heal --stack {self.stack} --reset {h.instance}` or `pulumi up` with "
                          f"a new ascend-pd:converge.")
         return "\n".join(lines) + "\n"
+
+
+def blocked_detail(plan: Plan, inst: Instance, node: str, reason: str) -> str:
+    """Why an instance is not restarted while `node` does not answer, and what gets it serving again."""
+    live = [n for n in inst.nodes if n != node]
+    kept = f"its ranks on {', '.join(live)} were not stopped" if live else "nothing was stopped"
+    return (f"{node} ({plan.node(node).address}) does not answer: {reason}; {kept}, since the group cannot start "
+            f"without {node}. Bring {node} back (heal restarts the group then), or take it out of the stack "
+            f"and run `pulumi up` (docs/operations.md, \"A node that does not come back\")")
 
 
 def _proxy(plan: Plan, run: Runner, mode: str, inst: Instance) -> str:
@@ -272,8 +287,22 @@ class Healer:
                 return f"{node}-{name} {kind} exited {rc}: {tail}"
         return None
 
+    def _unanswered(self, nodes: tuple[str, ...]) -> Optional[tuple[str, str]]:
+        """The first of `nodes` that ssh cannot run `true` on, with why; None when all answer."""
+        with cf.ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            results = list(zip(nodes, pool.map(lambda n: self.run(n, "true", REACH_TIMEOUT_S), nodes)))
+        for node, (rc, out, err) in results:
+            if rc != 0:
+                return node, " | ".join((err or out).strip().splitlines()[-2:]) or f"exit {rc}"
+        return None
+
     def heal_instance(self, inst: Instance, why: list[str]) -> InstanceHeal:
         h = InstanceHeal(inst.name, why)
+        silent = self._unanswered(inst.nodes)
+        if silent is not None:  # nothing stopped, nothing counted against the budget
+            h.outcome, h.detail = "blocked", blocked_detail(self.plan, inst, *silent)
+            self.log(f"{inst.name}: not restarted: {h.detail}")
+            return h
         t = time.monotonic()
 
         def lap(name: str) -> None:
@@ -337,7 +366,12 @@ class Healer:
             if inst is not None:
                 why.setdefault(inst.name, []).append(f"its node's worker {w.node} {w.address} is down: {w.reason}")
         rep.broken = sorted(why)
+        down = {n.node: n.reason or "no endpoint on it takes a TCP connection"
+                for n in status.nodes if n.state == UNREACHABLE}
         for w in dead_workers:
+            if w.node in down:  # its node's instance is blocked below, and ssh would not get there either
+                rep.workers.append(f"{w.node}: not restarted: the node does not answer")
+                continue
             if dry_run:
                 rep.workers.append(f"{w.node}: would restart ({w.reason})")
                 continue
@@ -350,7 +384,11 @@ class Healer:
         for inst in plan.instances:
             if inst.name not in why:
                 continue
-            if inst.name in self.left_out or self.budget.exhausted(inst.name, now):
+            gone = next((n for n in inst.nodes if n in down), None)
+            if gone is not None:
+                rep.instances.append(InstanceHeal(inst.name, why[inst.name], "blocked",
+                                                  blocked_detail(plan, inst, gone, down[gone])))
+            elif inst.name in self.left_out or self.budget.exhausted(inst.name, now):
                 n = len(self.budget.recent(inst.name, now))
                 h = InstanceHeal(inst.name, why[inst.name], "left-out",
                                  f"restarted {n} time(s) within {self.budget.window_s / 60:g} min, the budget "

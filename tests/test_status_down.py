@@ -111,14 +111,16 @@ def test_heal_dry_run_on_a_dead_cluster_exits_1(tmp_path):
                            "--project-dir", str(tmp_path / "project"), "--state", str(tmp_path / "heal.json")],
                           capture_output=True, text=True, timeout=60, env=clean_env(), cwd=MAIN)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "decode-0: planned: would restart on d0, d1, d2, d3" in done.stdout
+    # No node answers: no instance can be restarted, and each says which node stops it.
+    assert "decode-0: blocked: d0 (127.0.5.5) does not answer: connection refused" in done.stdout, done.stdout
+    assert "planned" not in done.stdout
     assert "heal does not restart etcd" in done.stdout and not (tmp_path / "heal.json").exists()
 
     plan = plan_of(values, "a2-8node")
     healer = heal.Healer(plan, lambda node, command, timeout_s: (1, "", "dry run"), timeouts=QUICK)
     out = io.StringIO()
     assert heal.watch(healer, 0.1, count=2, dry_run=True, out=out) == 1
-    assert out.getvalue().count("prefill-3: planned: would restart on p3") == 2
+    assert out.getvalue().count("prefill-3: blocked: p3 (127.0.5.4) does not answer") == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,6 +181,58 @@ def test_one_node_down_is_one_rank_row_and_one_problem(tmp_path):
     assert problem_lines(text) == [f"  n1 {n1}: unreachable (2 ranks, worker): {REFUSED}",
                                    "note: an unreachable node is one line for the problems of everything on it; "
                                    "-v or --json lists all 3"]
+
+
+class Recorder:
+    """A heal Runner that records every command; `silent` nodes fail as ssh to a dead host does."""
+
+    def __init__(self, silent=()):
+        self.silent, self.calls = set(silent), []
+
+    def __call__(self, node, command, timeout_s):
+        self.calls.append((node, command))
+        if node in self.silent:
+            return 255, "", f"ssh: connect to host {node} port 22: No route to host"
+        return 0, "", ""
+
+
+def test_heal_stops_nothing_of_a_group_whose_node_is_gone(tmp_path):
+    """Issue 39, item 5: n1 gone (nothing on it answers), its instance broken. heal neither stops the
+    instance's ranks nor sends its node a script: it says the node, why, and what gets it back; the
+    run is a failure (exit 1). The healthy instance on n0 is not touched either."""
+    plan = plan_of(live_stack(tmp_path, 2))
+    n1 = plan.node("n1").address
+    run_ = Recorder()
+    with serving(plan, down="n1"):
+        rep = heal.Healer(plan, run_, timeouts=CALM).heal_once()
+    [h] = rep.instances
+    assert (h.instance, h.outcome) == ("decode-0", "blocked"), rep.text()
+    assert h.detail.startswith(f"n1 ({n1}) does not answer: {REFUSED}; nothing was stopped"), h.detail
+    assert "take it out of the stack and run `pulumi up`" in h.detail
+    assert run_.calls == [], run_.calls  # not even the proxy: nothing changes
+    assert rep.workers == ["n1: not restarted: the node does not answer"]
+    assert not rep.ok and "decode-0: blocked: n1" in rep.text()
+
+
+def test_heal_checks_ssh_to_every_node_of_a_group_before_it_stops_any(tmp_path):
+    """A group whose ranks answer on every node but one node's ssh does not (status cannot see it):
+    the restart stops before its first step, on no node; with every node answering it goes ahead."""
+    plan = plan_of(small_stack(tmp_path, {"n0": "127.0.5.40", "n1": "127.0.5.41", "n2": "127.0.5.42"},
+                               prefill=["n0"], decode=["n1", "n2"], etcd_node="n0", proxy_node="n0",
+                               decode_nodes_per_instance=2))
+    inst = next(i for i in plan.instances if i.role == "decode")
+    assert inst.nodes == ("n1", "n2")
+    run_ = Recorder(silent={"n2"})
+    h = heal.Healer(plan, run_).heal_instance(inst, ["decode-0-r0 dead"])
+    assert h.outcome == "blocked" and h.detail.startswith("n2 (127.0.5.42) does not answer: ssh: connect to host")
+    assert "its ranks on n1 were not stopped" in h.detail
+    assert sorted(run_.calls) == [("n1", "true"), ("n2", "true")]  # the probe, and nothing else
+    assert heal.Healer(plan, run_).budget.recent(inst.name, 1e12) == []  # a block costs no restart
+
+    run_ = Recorder()
+    h = heal.Healer(plan, run_).heal_instance(inst, ["decode-0-r0 dead"])
+    stops = [node for node, command in run_.calls if command != "true" and "docker exec" in command]
+    assert {"n1", "n2"} <= set(stops), run_.calls  # past the probe: the group's launch ran on both
 
 
 def test_hung_ranks_are_hung_in_every_view(tmp_path):
