@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Optional, Sequence, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from .valuetypes import (SECONDS, AbsPath, Command, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey,
+from .valuetypes import (SECONDS, AbsPath, Command, CountOrPercent, DockerName, EnvName, EtcdVersion, FilePath, FlagKey, HostKey,
                          HostPort, ImageRef, Interleave, IPv4, IPv4Net, ModelName, Name, Nic, OwnedFile, OwnedPath, Port,
                          PythonIdentifier, PythonModule, ReleaseName, Seconds, Settings, SoftwareVersion, SshUser, Text, Word,
                          WorkerFlagKey)
@@ -414,8 +414,10 @@ class Proxy(_Model):
 class Rollout(_Model):
     """How a launch restarts the ranks of an instance that is serving (changed flags, a heal)."""
 
-    max_unavailable: int = Field(1, ge=1, le=1024, description=(
-        "Instances of one role that may restart at once; the others keep serving. A role with this many "
+    max_unavailable: CountOrPercent = Field("25%", description=(
+        "Instances of one role that may restart at once, as a count or a percentage of the role's instances "
+        "(Kubernetes' semantics: rounded down, at least 1; the default is 1 for up to 7 instances and 32 "
+        "of 128, so a large role rolls in 4 waves, not 128); the others keep serving. A role with this many "
         "instances or fewer has an outage while it restarts (requests are refused fast by the proxy)."))
     drain_timeout_s: Seconds(ge=1) = Field(300, description=(
         "How long a restart waits, once the instance is out of the proxy, for its ranks' running and waiting "

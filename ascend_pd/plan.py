@@ -16,6 +16,7 @@ from .config import KV_POOL_BACKEND, Role, StackConfig, node_image
 from .releases import check as check_releases
 from .secrets import PROXY_KEY_FILE, RUN_SUBDIR as SECRETS_SUBDIR, is_placeholder
 from .errors import ConfigError, Problem
+from .valuetypes import resolve_count
 from .plan_checks import (  # noqa: F401 (what the plan derives; imported from here by scripts, docs, status)
     DERIVED_ENV, DERIVED_FLAGS, DERIVED_WORKER_FLAGS, MOONCAKE_DIRECT_BASE, MOONCAKE_DIRECT_PER_DEVICE, ROLES,
     UDS_PATH_MAX, UDS_SUFFIX, WORKER_SUBDIR, _validate, mooncake_direct_range,
@@ -188,6 +189,11 @@ class Plan:
 
     def instances_of(self, role: str) -> tuple[Instance, ...]:
         return tuple(i for i in self.instances if i.role == role)
+
+    def max_unavailable(self, role: str) -> int:
+        """`rollout.maxUnavailable` resolved for `role`: its restart slots, which the launches, `diff`
+        and the docs all read from here."""
+        return resolve_count(self.cfg.rollout.max_unavailable, len(self.instances_of(role)))
 
     def ranks_of(self, role: str) -> tuple[Rank, ...]:
         return tuple(r for i in self.instances_of(role) for r in i.ranks)

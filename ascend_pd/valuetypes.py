@@ -258,6 +258,35 @@ HostKey = Annotated[Text, AfterValidator(_host_key),
                          "e.g. `ssh-ed25519 AAAA...`; not RSA")]
 
 
+MAX_INSTANCES = 1024
+_PERCENT = re.compile(r"([1-9][0-9]?|100)%")
+
+
+def _count_or_percent(v: Any) -> Any:
+    if isinstance(v, int) and not isinstance(v, bool):
+        if 1 <= v <= MAX_INSTANCES:
+            return v
+        raise ValueError(f"{v} instances: between 1 and {MAX_INSTANCES}, or a percentage of the role's instances like '25%'")
+    if isinstance(v, str) and _PERCENT.fullmatch(v):
+        return v
+    raise ValueError(f"{v!r} is neither a number of instances (1-{MAX_INSTANCES}) nor a percentage of the role's "
+                     "instances like '25%' (1% to 100%)")
+
+
+def resolve_count(value: int | str, total: int) -> int:
+    """A CountOrPercent of `total` instances: a count as given; a percentage rounded down, at least 1
+    (Kubernetes' maxUnavailable)."""
+    if isinstance(value, int):
+        return value
+    return max(1, total * int(value[:-1]) // 100)
+
+
+CountOrPercent = Annotated[int | str, BeforeValidator(_count_or_percent),
+                           Kind("count or percentage", f"a whole number of instances (1–{MAX_INSTANCES}), or a "
+                                "percentage of the role's instances as a string, e.g. `25%`: rounded down, at "
+                                "least 1", plural="counts or percentages")]
+
+
 PORT = Kind("port", "a TCP port number, 1024–65535 unless the type says otherwise", ge=1024, le=65535)
 SECONDS = Kind("seconds", f"a whole number of seconds, at most {BASH_SECONDS_MAX} (a week)", plural="seconds",
                le=BASH_SECONDS_MAX)

@@ -16,6 +16,7 @@ import pytest
 
 from pulumi_harness import with_host_keys
 
+from ascend_pd import scripts
 from ascend_pd.__main__ import main
 from ascend_pd.change import CHANGES, INVALID, NO_CHANGE, compare, exit_code, run
 from ascend_pd.change.compare import graph_of, plan_of
@@ -118,6 +119,41 @@ def test_a_tuning_flag_on_prefill_rolls_one_instance_at_a_time():
     # With as many slots as instances the whole role restarts at once: an outage.
     wide = dict(new.config, **{"ascend-pd:rollout": json.dumps({"maxUnavailable": 4})})
     assert role(compare("a2-8node", old, Side("wide", wide)), "prefill").verdict == "outage"
+
+
+def test_max_unavailable_as_a_percentage_rolls_a_large_role_in_waves_of_a_quarter():
+    """16 prefill instances (a2-8node with 12 more prefill nodes): the default `rollout.maxUnavailable`
+    ("25%") gives 4 restart slots, so a prefill flag rolls in 4 waves, not 16; the launches take the
+    same number (their `slots`), and a count still means a count. The committed 4 instances keep 1."""
+    def grown(side: Side, rollout=None) -> Side:
+        cfg = dict(side.config)
+        nodes = json.loads(cfg["ascend-pd:nodes"])
+        extra = [{"name": f"p{i}", "address": f"192.0.2.{100 + i}", "nic": nodes[0]["nic"]} for i in range(4, 16)]
+        cfg["ascend-pd:nodes"] = json.dumps(nodes + extra)
+        prefill = json.loads(cfg["ascend-pd:prefill"])
+        prefill["nodes"] = prefill["nodes"] + [n["name"] for n in extra]
+        cfg["ascend-pd:prefill"] = json.dumps(prefill)
+        if rollout is not None:
+            cfg["ascend-pd:rollout"] = json.dumps({"maxUnavailable": rollout})
+        return Side(side.label, with_host_keys(cfg))
+
+    assert plan_of("a2-8node", base("a2-8node").config).max_unavailable("prefill") == 1
+    old = grown(base("a2-8node"))
+    new = grown(edited("a2-8node", "prefill", lambda p: p["flags"].update({"max-num-seqs": 8})))
+    plan = plan_of("a2-8node", new.config)
+    assert (len(plan.instances_of("prefill")), plan.max_unavailable("prefill"), plan.max_unavailable("decode")) == (16, 4, 1)
+    launch = next(s for s in scripts.node_scripts(plan, "p9") if s.name == "launch")
+    assert "\nslots=4\n" in launch.create
+    prefill = role(compare("a2-8node", old, new), "prefill")
+    assert (len(prefill.restarting), prefill.max_unavailable) == (16, 4)
+    assert prefill.verdict == "keeps serving (rolling)" and prefill.duration_s == 4 * MODEL_LOAD_S
+    for rollout, slots in (("1%", 1), (6, 6)):  # resolved by the plan alone
+        assert plan_of("a2-8node", grown(base("a2-8node"), rollout).config).max_unavailable("prefill") == slots
+    for rollout, slots in ((1, 1), ("50%", 8)):
+        o, n = grown(base("a2-8node"), rollout), grown(edited("a2-8node", "prefill",
+                                                              lambda p: p["flags"].update({"max-num-seqs": 8})), rollout)
+        r = role(compare("a2-8node", o, n), "prefill")
+        assert (r.max_unavailable, r.duration_s) == (slots, -(-16 // slots) * MODEL_LOAD_S), rollout
 
 
 def test_the_image_replaces_every_container_pulling_first_and_is_a_full_outage():

@@ -116,6 +116,14 @@ CASES = {
         "did you mean 'max-num-seqs'?"),
     "a number in quotes": (
         lambda d: d["proxy"].update(port="8088"), "ascend-pd:proxy.port", "write the number without quotes"),
+    "maxUnavailable zero": (
+        lambda d: d.update(rollout={"maxUnavailable": 0}), "ascend-pd:rollout.maxUnavailable", "between 1 and 1024"),
+    "maxUnavailable percentage over 100": (
+        lambda d: d.update(rollout={"maxUnavailable": "150%"}), "ascend-pd:rollout.maxUnavailable",
+        "a percentage of the role's instances like '25%'"),
+    "maxUnavailable a number in quotes": (
+        lambda d: d.update(rollout={"maxUnavailable": "2"}), "ascend-pd:rollout.maxUnavailable",
+        "neither a number of instances"),
     "command substitution in env": (
         lambda d: d["vllm"]["env"].update(X="$(id)"), "ascend-pd:vllm.env.X", "command substitution"),
 }

@@ -195,7 +195,7 @@ def _drained_replacements(processes: list[Process]) -> list[Process]:
             for p in processes]
 
 
-def _slots(old: Optional[Plan], new: Plan, rank_moves: Sequence[Process], steps: Sequence[Step]) -> int:
+def _slots(role: str, old: Optional[Plan], new: Plan, rank_moves: Sequence[Process], steps: Sequence[Step]) -> int:
     """The restart slots the role's restarts take. A replaced launch's old delete drains its instance and
     takes the slot with the old script's `rollout.maxUnavailable` (the engine runs the delete of the
     state), so a value changed in the same `up` counts for those from the next one (measured on the real
@@ -203,8 +203,8 @@ def _slots(old: Optional[Plan], new: Plan, rank_moves: Sequence[Process], steps:
     two bounds how many are out at once."""
     replaced = {s.name for s in steps if s.op == REPLACE}
     if old is not None and any(p.how == ROLLING and p.resource in replaced for p in rank_moves):
-        return max(old.cfg.rollout.max_unavailable, new.cfg.rollout.max_unavailable)
-    return new.cfg.rollout.max_unavailable
+        return max(old.max_unavailable(role), new.max_unavailable(role))
+    return new.max_unavailable(role)
 
 
 def _role(role: str, old: Optional[Plan], new: Plan, processes: Sequence[Process], steps: Sequence[Step],
@@ -221,7 +221,7 @@ def _role(role: str, old: Optional[Plan], new: Plan, processes: Sequence[Process
     rank_moves = [p for p in processes if p.kind == "rank" and p.name.startswith(role + "-")
                   and p.node in new_nodes & old_nodes]
     rolling = all(p.how == ROLLING for p in rank_moves)
-    slots = _slots(old, new, rank_moves, steps)
+    slots = _slots(role, old, new, rank_moves, steps)
     kept = len(new.instances_of(role)) - len(restarting) - len(added)
     down_at_once = min(slots, len(restarting)) if rolling else len(restarting)
     serving = not restarting or kept + len(restarting) - down_at_once >= 1
@@ -437,7 +437,7 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
                          "take the service down for the change (`rollout.maxUnavailable` >= the instances of each "
                          "role) instead of rolling")
     # A role whose restart slots are not the new value's: its replaced launches drain with the old one (_slots).
-    late = [r.role for r in roles if r.restarting and r.max_unavailable != new_plan.cfg.rollout.max_unavailable]
+    late = [r.role for r in roles if r.restarting and r.max_unavailable != new_plan.max_unavailable(r.role)]
     if late:
         notes.append(f"`rollout.maxUnavailable` changes from {old_plan.cfg.rollout.max_unavailable} to "
                      f"{new_plan.cfg.rollout.max_unavailable}, but the replaced launches of {' and '.join(late)} are "

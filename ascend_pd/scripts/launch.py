@@ -79,14 +79,15 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
         current.append(f"running_with {q(f'{plan.run_dir}/{r.name}.pid')} {spec} || changed=1")
     ro = cfg.rollout
     same_role = len(plan.instances_of(instance.role))
+    slots = plan.max_unavailable(instance.role)
     slot_ttl = restart_bound_s(cfg) + ROLLOUT_MARGIN_S
     rollout = params(
         proxy_url=plan.proxy.url, proxy_type=instance.role, spares=same_role - 1,
         retaint_s=RETAINT_KEPT_S if cfg.proxy.keep_removed_out else RETAINT_S,
         drain_quiet_polls=DRAIN_QUIET_POLLS, drain_timeout_s=ro.drain_timeout_s,
-        slots=ro.max_unavailable, slot_ttl_s=slot_ttl,
+        slots=slots, slot_ttl_s=slot_ttl,
         # Every other instance of the role may go first, one slot-time each.
-        slot_timeout_s=min(BASH_SECONDS_MAX, slot_ttl * max(1, -(-(same_role - 1) // ro.max_unavailable))),
+        slot_timeout_s=min(BASH_SECONDS_MAX, slot_ttl * max(1, -(-(same_role - 1) // slots))),
         slot_prefix=rollout_prefix(plan.stack, instance.role),
         failed_key=rollout_prefix(plan.stack, instance.role) + ROLLOUT_FAILED,
         readd_timeout_s=READD_TIMEOUT_S,
