@@ -20,8 +20,8 @@ One cycle (`heal_once`):
    as a whole, and its NPU memory is free once its processes are gone), the launch's create on every
    node at once (starts the ranks, waits until every rank answers /health), one completion on the
    instance's first rank, back into the proxy (`POST /instances/add`);
-   An instance with a node that does not answer (status: none of its endpoints takes a TCP
-   connection; before a real restart also: `ssh` to it fails) is BLOCKED, not restarted: its group
+   An instance with a node that does not answer (status: every connect to it times out or finds no
+   route; before a real restart: `ssh true` to it fails) is BLOCKED, not restarted: its group
    cannot start without that node, and stopping the ranks still alive on the others would only make
    it worse. The report names the node and what replaces it.
 4. a restart budget per instance: at most `max_restarts` restarts within `window_s`, each one after
@@ -55,6 +55,7 @@ from .plan import Instance, Plan
 from .shell import CURL, in_container, q
 from .status import Timeouts, collect_status, hang_tracker
 from .status.model import UNREACHABLE
+from .status.read import REFUSED
 
 Runner = Callable[[str, str, float], tuple[int, str, str]]  # node, host command, timeout -> rc, out, err
 
@@ -366,8 +367,9 @@ class Healer:
             if inst is not None:
                 why.setdefault(inst.name, []).append(f"its node's worker {w.node} {w.address} is down: {w.reason}")
         rep.broken = sorted(why)
-        down = {n.node: n.reason or "no endpoint on it takes a TCP connection"
-                for n in status.nodes if n.state == UNREACHABLE}
+        # A node whose connects all time out or find no route may be gone; one that refuses them is up
+        # (its kernel answered) with its services dead: that is for the restart, after `ssh true`.
+        down = {n.node: n.reason for n in status.nodes if n.state == UNREACHABLE and REFUSED not in n.reason}
         for w in dead_workers:
             if w.node in down:  # its node's instance is blocked below, and ssh would not get there either
                 rep.workers.append(f"{w.node}: not restarted: the node does not answer")

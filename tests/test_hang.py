@@ -232,9 +232,7 @@ def test_heal_cli_dry_run_says_what_it_would_do_and_changes_nothing(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr  # everything broken stays broken: exit 1
     out = done.stdout
     assert "(dry run: nothing changed)" in out
-    # Nothing on either node answers: neither instance can be restarted, and each names its node.
-    assert "prefill-0: blocked: n0 (127.0.2.81) does not answer: connection refused" in out, out
-    assert "decode-0: blocked: n1 (127.0.2.82) does not answer: connection refused" in out, out
+    assert "prefill-0: planned: would restart on n0" in out and "decode-0: planned: would restart on n1" in out
     assert "because prefill-0-r0 dead: connection refused" in out
     assert "heal does not restart etcd" in out  # etcd is down too: said, not acted on
     assert not (tmp_path / "heal.json").exists()  # no restart recorded
@@ -250,14 +248,15 @@ def test_heal_cli_refuses_bad_options(tmp_path):
 
 
 
-def test_heal_cli_over_ssh_blocks_instances_whose_nodes_do_not_answer(tmp_path):
-    """Nothing answers on the nodes' addresses (no ranks, no sshd): both instances blocked, each naming
-    its node; nothing restarted, so no restart in the budget file; exit 1."""
+def test_heal_cli_over_ssh_blocks_instances_whose_nodes_ssh_cannot_reach(tmp_path):
+    """No sshd on the nodes' addresses (nothing listens at all): `ssh true` fails on each node before
+    anything is stopped, so both instances are blocked, naming the node and ssh's reason; nothing was
+    restarted, so the budget file records none; exit 1."""
     if shutil.which("ssh") is None:
         pytest.skip("no OpenSSH client (setup.sh installs openssh-client)")
     done = _cli(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     for inst, node, address in (("prefill-0", "n0", "127.0.2.81"), ("decode-0", "n1", "127.0.2.82")):
-        assert f"{inst}: blocked: {node} ({address}) does not answer" in done.stdout, done.stdout
-        assert f"{inst}: failed" not in done.stdout
+        assert f"{inst}: blocked: {node} ({address}) does not answer: " in done.stdout, done.stdout
+        assert f"{node}: unreachable over ssh root@{address}:22" in done.stdout
     assert not (tmp_path / "heal.json").exists() or json.loads((tmp_path / "heal.json").read_text()) == {}

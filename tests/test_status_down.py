@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ascend_pd import heal
 from ascend_pd.status import Timeouts, run
-from status_support import a2_8node_on_loopback, clean_env, plan_of, small_stack, write_stack
+from status_support import Blackhole, a2_8node_on_loopback, clean_env, plan_of, small_stack, write_stack
 from status_support.hostile import Hostile, Routes, accept_only, respond
 from test_status_robust import endpoints, healthy_routes
 
@@ -111,16 +111,15 @@ def test_heal_dry_run_on_a_dead_cluster_exits_1(tmp_path):
                            "--project-dir", str(tmp_path / "project"), "--state", str(tmp_path / "heal.json")],
                           capture_output=True, text=True, timeout=60, env=clean_env(), cwd=MAIN)
     assert done.returncode == 1, done.stdout + done.stderr
-    # No node answers: no instance can be restarted, and each says which node stops it.
-    assert "decode-0: blocked: d0 (127.0.5.5) does not answer: connection refused" in done.stdout, done.stdout
-    assert "planned" not in done.stdout
+    # Every connect refused: the nodes are up (their kernels answered), their services dead: restarts.
+    assert "decode-0: planned: would restart on d0, d1, d2, d3" in done.stdout
     assert "heal does not restart etcd" in done.stdout and not (tmp_path / "heal.json").exists()
 
     plan = plan_of(values, "a2-8node")
     healer = heal.Healer(plan, lambda node, command, timeout_s: (1, "", "dry run"), timeouts=QUICK)
     out = io.StringIO()
     assert heal.watch(healer, 0.1, count=2, dry_run=True, out=out) == 1
-    assert out.getvalue().count("prefill-3: blocked: p3 (127.0.5.4) does not answer") == 2
+    assert out.getvalue().count("prefill-3: planned: would restart on p3") == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,21 +196,31 @@ class Recorder:
 
 
 def test_heal_stops_nothing_of_a_group_whose_node_is_gone(tmp_path):
-    """Issue 39, item 5: n1 gone (nothing on it answers), its instance broken. heal neither stops the
-    instance's ranks nor sends its node a script: it says the node, why, and what gets it back; the
-    run is a failure (exit 1). The healthy instance on n0 is not touched either."""
+    """Issue 39, item 5: n1 gone (every connect to it times out, as to a dead machine), its instance
+    broken. heal neither stops the instance's ranks nor sends its node a script: it says the node, why,
+    and what gets it back; the run is a failure (exit 1), dry or not. The instance on n0 is not touched.
+    A node that refuses connections is up, its services dead: that one is restarted (the dead cluster
+    above)."""
     plan = plan_of(live_stack(tmp_path, 2))
     n1 = plan.node("n1").address
-    run_ = Recorder()
-    with serving(plan, down="n1"):
-        rep = heal.Healer(plan, run_, timeouts=CALM).heal_once()
-    [h] = rep.instances
-    assert (h.instance, h.outcome) == ("decode-0", "blocked"), rep.text()
-    assert h.detail.startswith(f"n1 ({n1}) does not answer: {REFUSED}; nothing was stopped"), h.detail
-    assert "take it out of the stack and run `pulumi up`" in h.detail
+    holes = [Blackhole(a, p) for a, p in [*endpoints(plan)[0], *endpoints(plan)[1]] if a == n1]
+    quick = Timeouts(connect_s=1, request_s=3, smoke_s=3)
+    try:
+        with serving(plan, down="n1"):
+            run_ = Recorder()
+            rep = heal.Healer(plan, run_, timeouts=quick).heal_once()
+            dry = heal.Healer(plan, run_, timeouts=quick).heal_once(dry_run=True)
+    finally:
+        for h in holes:
+            h.close()
+    for r in (rep, dry):
+        [h] = r.instances
+        assert (h.instance, h.outcome) == ("decode-0", "blocked"), r.text()
+        assert h.detail.startswith(f"n1 ({n1}) does not answer: no TCP connection within 1s"), h.detail
+        assert "nothing was stopped" in h.detail and "take it out of the stack and run `pulumi up`" in h.detail
+        assert r.workers == ["n1: not restarted: the node does not answer"]
+        assert not r.ok and "decode-0: blocked: n1" in r.text()
     assert run_.calls == [], run_.calls  # not even the proxy: nothing changes
-    assert rep.workers == ["n1: not restarted: the node does not answer"]
-    assert not rep.ok and "decode-0: blocked: n1" in rep.text()
 
 
 def test_heal_checks_ssh_to_every_node_of_a_group_before_it_stops_any(tmp_path):

@@ -64,9 +64,12 @@ class Runner:
     (its own HOME and state dir, the stand-in docker); `env[node]` adds variables to one node's runs."""
 
     def __init__(self, c: harness.Cluster):
-        self.c, self.env, self.calls, self.outputs = c, {}, [], []
+        self.c, self.env, self.calls, self.outputs, self.probes = c, {}, [], [], []
 
     def __call__(self, node: str, command: str, timeout_s: float) -> tuple[int, str, str]:
+        if command == "true":  # heal's `ssh true` before it stops a group: not a script
+            self.probes.append(node)
+            return 0, "", ""
         self.calls.append(node)
         r = harness.run_script("", env=self.c.env(node, {**RANK_ENV, **self.env.get(node, {})}),
                                cwd=self.c.node_dir(node), timeout=timeout_s, check=False, what=f"heal on {node}",
@@ -314,6 +317,7 @@ def test_crash_loop_hits_the_budget_and_stays_out(cluster):
     assert "exited before answering /health" in "".join(r.text() for r in reps)
     again = h.heal_once()  # and it stays out, without another restart
     assert [x.outcome for x in again.instances] == ["left-out"] and run.calls.count("p1") == 4
+    assert run.probes == ["p1", "p1"]  # each restart asked p1 first; the left-out one did not
     assert {k: v for k, v in pids(c).items() if not k.startswith("prefill-1")} == others
     assert complete(c)[0] == 200  # the cluster serves without it
     # A person fixes the cause and gives it its budget back.
