@@ -177,13 +177,25 @@ def _connector_problems(f: _Findings, cfg: StackConfig, role: str, rel: Release)
             f.add(Problem(setting(role, "image") if r.image else setting("container", "image"),
                           f"{rel.label} registers no {name}, which every rank's kv-transfer-config names",
                           "run a release that has it"), error=True)
-    patched = [s for s in cfg.container.prepare if getattr(s, "repo", "").rstrip("/").endswith("vllm-ascend")]
+    steps = [(i, s.repo) for i, s in enumerate(cfg.container.prepare) if getattr(s, "repo", None)]
+    patched = [i for i, repo in steps if repo.rstrip("/").endswith("vllm-ascend")]
+    # The step that carries the backend's patches (their file names say so), on some other repository.
+    steps = [(i, repo) for i, repo in steps
+             if any(KV_POOL_BACKEND in p.rsplit("/", 1)[-1].lower() for p in cfg.container.prepare[i].patches)]
     if KV_POOL_BACKEND not in rel.facts["store_backends"] and not patched:
-        f.add(Problem(setting(role, "image") if r.image else setting("container", "image"),
-                      f"{rel.label} has no {KV_POOL_BACKEND!r} backend for AscendStoreConnector (it has "
-                      f"{', '.join(rel.facts['store_backends'])}): every rank would fail at start",
-                      "run vllm-ascend 0.20.2rc1 or later, or patch the backend in with a container.prepare step on "
-                      "the image's vllm-ascend repository (seed 003's patch series)"), error=True)
+        missing = (f"{rel.label} has no {KV_POOL_BACKEND!r} backend for AscendStoreConnector (it has "
+                   f"{', '.join(rel.facts['store_backends'])}): every rank would fail at start")
+        if steps:  # the backend's patches are there, but on no vllm-ascend checkout: that repo is what to fix
+            i, repo = steps[-1]
+            f.add(Problem(setting("container", "prepare", i, "repo"),
+                          f"{repo!r} is not the image's vllm-ascend repository (its path ends in vllm-ascend), and no "
+                          f"other step patches one; {missing}",
+                          "point the step with the yuanrong backend patches at the image's vllm-ascend checkout "
+                          "(e.g. /vllm-workspace/vllm-ascend), or run vllm-ascend 0.20.2rc1 or later"), error=True)
+        else:
+            f.add(Problem(setting(role, "image") if r.image else setting("container", "image"), missing,
+                          "run vllm-ascend 0.20.2rc1 or later, or patch the backend in with a container.prepare step "
+                          "on the image's vllm-ascend repository (seed 003's patch series)"), error=True)
     path = r.connector_module_path
     if path is None:
         if r.connector not in registry:

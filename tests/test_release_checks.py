@@ -214,6 +214,21 @@ def test_each_role_is_held_to_its_own_image(tmp_path):
     assert not [p for p in errors if p.setting.startswith("ascend-pd:decode")]
 
 
+def test_a_backend_patch_step_on_another_repository_names_that_step(tmp_path):
+    """a3 on 0.18.0 needs the yuanrong patches on the image's vllm-ascend checkout: the patch step moved
+    elsewhere is refused on that step's repo (what to fix), not on the image."""
+    values = settings("a3-4node")
+    i = next(i for i, s in enumerate(values["container"]["prepare"]) if s.get("repo", "").endswith("vllm-ascend"))
+    values["container"]["prepare"][i]["repo"] = "/opt/other"
+    errors, _ = checked(tmp_path, "a3-4node", values)
+    assert [p.setting for p in errors] == [f"ascend-pd:container.prepare[{i}].repo"]
+    assert "'/opt/other' is not the image's vllm-ascend repository" in errors[0].message
+    assert "no 'yuanrong' backend for AscendStoreConnector" in errors[0].message
+    del values["container"]["prepare"][i]  # no backend patch step at all: the image is what to change
+    errors, _ = checked(tmp_path, "a3-4node", values)
+    assert "ascend-pd:container.image" in [p.setting for p in errors]
+
+
 # -- what else a release is particular about ----------------------------------------------------------
 
 
