@@ -69,7 +69,7 @@ DIFF_DESCRIPTION = (
 
 
 DOCTOR_CHECKS = ("clock", "versions", "page-size", "memory", "npu", "fabric", "ping", "ports", "weights", "docker",
-                 "network")  # = ascend_pd.scripts.preflight.ALL_CHECKS (render must not import more than it needs)
+                 "network", "firewall")  # = ascend_pd.scripts.preflight.ALL_CHECKS (render must not import more than it needs)
 # Rows of the doctor table that another check produces: `--only hccn-conf` runs that check.
 CHECK_ALIASES = {"hccn-conf": "fabric"}
 

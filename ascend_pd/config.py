@@ -608,7 +608,7 @@ class StackConfig(_Model):
         "`HugepageHost`). `yuanrong.hugeTlb` needs them."))
     preflight: Preflight = Field(default_factory=Preflight, description=(
         "The preflight checks (versions, pages, memory, clocks, NPUs, RoCE fabric, ports, weights, docker, "
-        "network): `python -m ascend_pd doctor` runs them, and `pulumi up` runs a node's before anything else on "
+        "network, firewall): `python -m ascend_pd doctor` runs them, and `pulumi up` runs a node's before anything else on "
         "it."))
     state_dir: OwnedPath = Field(DEFAULT_STATE_DIR, description=(
         "Directory inside every container for ascend-pd's pid files, logs (`logs/`), probes and working dirs. "

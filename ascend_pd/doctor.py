@@ -26,7 +26,7 @@ from .ssh import Result, Target, run_on_nodes
 
 CROSS_CHECKS = ("clock-skew", "same-versions", "same-weights")
 COLUMNS = ("ssh", "clock", "versions", "page-size", "memory", "npu", "hccn-conf", "fabric", "ping", "ports",
-           "weights", "docker", "network") + CROSS_CHECKS
+           "weights", "docker", "network", "firewall") + CROSS_CHECKS
 # One node's checks finish in a few seconds; the bound is for a node that hangs in a tool.
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_PARALLEL = 32

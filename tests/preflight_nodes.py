@@ -41,7 +41,7 @@ SSHD = "/usr/sbin/sshd"
 FAKE_ROOT = "/usr/local/ascend-pd-fake"
 MODEL_PATH = f"{FAKE_ROOT}/weights/model"
 GIB_KIB = 1024 * 1024
-TOOLS = ("npu-smi", "getconf", "timedatectl", "date", "ss", "docker", "curl", "df")
+TOOLS = ("npu-smi", "getconf", "timedatectl", "date", "ss", "docker", "curl", "df", "nft")
 
 
 def usable() -> Optional[str]:
@@ -104,7 +104,9 @@ class FakeNode:
 
     def reset(self) -> None:
         hw = "a3" if self.hardware == "atlas-800-a3" else "a2"
-        lines = [f"hardware={hw}", "driver=25.5.0", "synchronized=yes"]
+        # Deployed-like, as the fake docker's container runs: ascend-pd's table loaded (firewall.table's default).
+        lines = [f"hardware={hw}", "driver=25.5.0", "synchronized=yes", "nft_tables=inet:filter inet:ascend_pd",
+                 "nft_dropped=3"]
         lines += [f"ip.{d}={npu_ip(self.index, d)}" for d in range(self.npus)]
         lines += [f"vnic.{d}={vnic_ip(self.index, d)}" for d in range(self.npus)] if hw == "a3" else []
         (self.fake / "scenario").write_text("\n".join(lines) + "\n")

@@ -68,8 +68,11 @@ def test_all_pass(nodes):
     assert failures(report) == {}, table(report)
     for name, checks in report.rows.items():
         for check in ("ssh", "clock", "versions", "page-size", "memory", "npu", "hccn-conf", "fabric", "ping",
-                      "ports", "weights", "docker", "network", "clock-skew", "same-versions", "same-weights"):
+                      "ports", "weights", "docker", "network", "firewall", "clock-skew", "same-versions",
+                      "same-weights"):
             assert check in checks, (name, check)
+    assert report.rows["p0"]["firewall"].detail == ("table inet ascend_pd loaded; 3 packet(s) from outside the "
+                                                    "cluster dropped")
     # Prefill nodes ping the 4 decode nodes' 8 NPUs; decode nodes the 4 prefill nodes and their 3 DP peers.
     assert report.rows["p0"]["ping"].detail == "32 pings answered"
     assert report.rows["d0"]["ping"].detail == "56 pings answered"
@@ -119,12 +122,18 @@ def test_node_faults_set_two(nodes):
     n["p3"].write("weights/model/rot.safetensors", "rot")
     n["d0"].set(down="https://gitcode.com/")
     n["d2"].write("ascend_toolkit_install.info", "version=8.5.1\n")  # newer than the minimum, but not the same
+    n["p2"].set(nft="denied")  # ssh.user is not root: nft cannot load the table
+    n["d3"].set(nft_tables="inet:filter")  # the container runs, ascend-pd's table was removed by hand
     os.unlink(n["d1"].fake / "version.info")  # the driver version then comes from npu-smi's header
     report = doctor(nodes)
     got = failures(report)
     assert set(got) == {("p0", "hccn-conf"), ("d1", "fabric"), ("p1", "fabric"), ("p2", "ping"),
                         ("d3", "same-weights"), ("p3", "weights"), ("p3", "same-weights"), ("d0", "network"),
-                        ("d2", "same-versions")}, table(report)
+                        ("d2", "same-versions"), ("p2", "firewall")}, table(report)
+    assert "nft cannot read the ruleset: Error: cache initialization failed: Operation not permitted" in got["p2", "firewall"]
+    assert report.rows["p2"]["firewall"].fix.startswith("log in as root")
+    d3 = report.rows["d3"]["firewall"]
+    assert d3.status == "warn" and "table inet ascend_pd is not loaded: every port is open" in d3.detail, d3
     assert "/etc/hccn.conf is missing" in got["p0", "hccn-conf"]
     assert f"NPU 4 has IP {npu_ip(5, 4)} but /etc/hccn.conf says address_4={stale}" in got["d1", "fabric"]
     assert "NPU 6 link DOWN" in got["p1", "fabric"]

@@ -133,7 +133,7 @@ def test_only_renders_the_asked_checks_and_refuses_unknown_ones():
     with pytest.raises(ValueError, match="ping target"):
         ping_script(plan, "p0", [(0, "ping", "10.0.0.1; reboot")])
     assert set(CHECKS) | {"ping"} == {"clock", "versions", "page-size", "memory", "npu", "fabric", "ports",
-                                       "weights", "docker", "network", "ping"}
+                                       "weights", "docker", "network", "firewall", "ping"}
 
 
 def test_registry_of_image_references():

@@ -25,7 +25,8 @@ from ..shell import Script, header, library, one_line, params, q, say
 # Every check `doctor --only` accepts, in the order the script runs them. `clock` comes first: its
 # timestamp is compared with the moment doctor receives the first line. `ping` needs every node's
 # NPU addresses, so only doctor runs it (a second round, ping_script).
-CHECKS = ("clock", "versions", "page-size", "memory", "npu", "fabric", "ports", "weights", "docker", "network")
+CHECKS = ("clock", "versions", "page-size", "memory", "npu", "fabric", "ports", "weights", "docker", "network",
+          "firewall")
 ALL_CHECKS = CHECKS + ("ping",)
 _FUNCTIONS = {"page-size": "check_page_size"}
 # Proxy variables of the container's env the download check uses, as the preparation steps will.
@@ -102,6 +103,7 @@ def _top(plan: Plan, node: str, mode: str, what: str) -> str:
         registry=registry_of(plan.node(node).image), urls=" ".join(needed), optional_urls=" ".join(optional),
         min_free_disk_kib=cfg.preflight.min_free_disk_gib * GIB_KIB,
         min_total_kib=cfg.min_host_memory_gib * GIB_KIB,
+        firewall_table=cfg.firewall.table if cfg.firewall.enabled else "",
     )
     env = {k: v for k, v in cfg.container.env.items() if k in PROXY_VARS}
     for k, v in env.items():  # the container's proxy, as the preparation steps will use it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ascend-pd a3-4node: preflight checks (read-only): clock versions page-size memory npu fabric ports weights docker network on d0
+# ascend-pd a3-4node: preflight checks (read-only): clock versions page-size memory npu fabric ports weights docker network firewall on d0
 set -euo pipefail
 node=d0
 report_mode=enforce
@@ -18,6 +18,7 @@ urls='https://gitcode.com/openeuler/yuanrong-datasystem/releases/download/v0.7.6
 optional_urls=''
 min_free_disk_kib=52428800
 min_total_kib=1006632960
+firewall_table=ascend_pd
 # Where the Ascend tools live when they are not on the SSH session's PATH.
 PATH="$PATH:/usr/local/Ascend/driver/tools:/usr/local/sbin:/usr/local/bin"
 export PATH
@@ -363,6 +364,36 @@ check_network() {
     emit network pass "$(wc -w <<< "$urls $optional_urls") download URLs reachable" "" "{}"
   fi
 }
+
+check_firewall() {  # nft can load ascend-pd's table; a deployed node whose table is gone is a warning
+  local out rc dropped running
+  if [ -z "$firewall_table" ]; then
+    emit firewall pass "ascend-pd:firewall.enabled is false: no table to load" "" "{}"
+    return
+  fi
+  if ! command -v nft > /dev/null 2>&1; then
+    emit firewall fail "nft is missing: the node's firewall (ascend-pd:firewall) cannot be loaded" \
+      "install nftables on the node (apt-get install nftables, or dnf install nftables), or set ascend-pd:firewall.enabled: false" "{}"
+    return
+  fi
+  out=$(nft list tables 2>&1) && rc=0 || rc=$?
+  if [ "$rc" != 0 ]; then
+    emit firewall fail "nft cannot read the ruleset: $(head -n 1 <<< "$out" | head -c 160)" \
+      "log in as root (ascend-pd:ssh.user): loading the table needs CAP_NET_ADMIN" "{}"
+  elif grep -qx "table inet $firewall_table" <<< "$out"; then
+    dropped=$(nft list table inet "$firewall_table" 2>/dev/null |
+      sed -n 's/.*counter packets \([0-9]*\) bytes [0-9]* drop.*/\1/p' | head -n 1)
+    emit firewall pass "table inet $firewall_table loaded; ${dropped:-an unknown number of} packet(s) from outside the cluster dropped" "" "{}"
+  else
+    running=$(docker inspect --format '{{.State.Running}}' "${containers%% *}" 2>/dev/null) || running=""
+    if [ "$running" = true ]; then
+      emit firewall warn "container ${containers%% *} runs but table inet $firewall_table is not loaded: every port is open" \
+        "pulumi refresh, then pulumi up, loads it again" "{}"
+    else
+      emit firewall pass "nft ready; table inet $firewall_table not loaded yet (pulumi up loads it before anything listens)" "" "{}"
+    fi
+  fi
+}
 check_clock
 check_versions
 check_page_size
@@ -374,4 +405,5 @@ check_ports
 check_weights
 check_docker
 check_network
+check_firewall
 finish
