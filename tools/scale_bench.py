@@ -1,0 +1,123 @@
+"""Scale benchmark (issue 40): how `render`, `diff` and `status` grow with the stack. Not a test:
+it prints a table, to be rerun before and after a change that claims to make them faster.
+
+The stacks are generated from the committed a2-8node stack (its profile, flags and layout rules),
+with N nodes: half prefill (one-node instances, DP2/TP4: N/2 instances), half decode (4-node
+instances, DP32: N/8 instances), every node's host key pinned, the nodes on 127.1.x.y so that
+`status` polls only loopback, where nothing listens (every connect is refused at once: the poll's
+own cost, not the network's). Each measurement runs in a process of its own (its peak RSS is its
+own):
+
+- render: the plan and every node's scripts;
+- diff: one prefill flag changed (both sides' graphs under the SDK's mocks, the engine model, the
+  effect), and the rollout it estimates: waves of `rollout.maxUnavailable` per role;
+- status: one poll of every rank, worker, etcd and the proxy, no smoke.
+
+  venv/bin/python -m tools.scale_bench                    # 64 and 256 nodes
+  venv/bin/python -m tools.scale_bench --nodes 16 64 --skip status
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STACK = "a2-8node"
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("render", "diff", "status")
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchBenchBenchBenchBenchBenchBenchBench01"
+
+
+def address(i: int) -> str:
+    return f"127.1.{i // 250}.{i % 250 + 1}"
+
+
+def generated(nodes: int, *, prefill_flag: bool = False) -> dict[str, str]:
+    """The `ascend-pd:*` map of the committed a2-8node stack grown to `nodes` nodes."""
+    from ascend_pd.change.sources import working_tree
+
+    if nodes % 8:
+        raise SystemExit(f"--nodes {nodes}: a multiple of 8 (half prefill, half decode in 4-node instances)")
+    cfg = dict(working_tree(STACK, ROOT).config)
+    template = json.loads(cfg["ascend-pd:nodes"])[0]
+    half = nodes // 2
+    names = [f"p{i}" for i in range(half)] + [f"d{i}" for i in range(half)]
+    cfg["ascend-pd:nodes"] = json.dumps([{"name": n, "address": address(i), "nic": template["nic"]}
+                                         for i, n in enumerate(names)])
+    prefill, decode = json.loads(cfg["ascend-pd:prefill"]), json.loads(cfg["ascend-pd:decode"])
+    prefill["nodes"], decode["nodes"] = names[:half], names[half:]
+    if prefill_flag:
+        prefill.setdefault("flags", {})["max-num-seqs"] = 7
+    cfg["ascend-pd:prefill"], cfg["ascend-pd:decode"] = json.dumps(prefill), json.dumps(decode)
+    ssh = json.loads(cfg.get("ascend-pd:ssh", "{}"))
+    ssh["hostKeys"] = {n: HOST_KEY for n in names}
+    cfg["ascend-pd:ssh"] = json.dumps(ssh)
+    return cfg
+
+
+def measure(step: str, nodes: int) -> dict:
+    """One step, in this process: seconds, and what it found."""
+    from ascend_pd import scripts
+    from ascend_pd.change.compare import plan_of
+
+    t0 = time.monotonic()
+    if step == "render":
+        plan = plan_of(STACK, generated(nodes))
+        count = sum(len(scripts.node_scripts(plan, n.name)) for n in plan.nodes)
+        found = f"{len(plan.ranks)} ranks, {count} scripts"
+    elif step == "diff":
+        from ascend_pd.change import compare
+        from ascend_pd.change.sources import Side
+
+        change = compare(STACK, Side("generated", generated(nodes)),
+                         Side("prefill flag", generated(nodes, prefill_flag=True)))
+        roles = {r.role: r for r in change.effect.roles}
+        p = roles["prefill"]
+        found = (f"{len(change.steps)} steps; prefill: {len(p.restarting)} instances, {p.max_unavailable} at a time, "
+                 f"{p.duration_s / 60:.0f} min")
+    elif step == "status":
+        from ascend_pd.status import Timeouts, collect_status
+
+        report = collect_status(plan_of(STACK, generated(nodes)), timeouts=Timeouts(connect_s=2, request_s=5, smoke_s=5),
+                                smoke=False)
+        found = f"{len(report.ranks)} ranks polled, {len(report.problems)} problems"
+    else:
+        raise SystemExit(f"unknown step {step!r}: {', '.join(STEPS)}")
+    seconds = time.monotonic() - t0
+    return {"step": step, "nodes": nodes, "seconds": round(seconds, 2),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "found": found}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.scale_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--skip", choices=STEPS, action="append", default=[])
+    ap.add_argument("--one", choices=STEPS, help=argparse.SUPPRESS)  # a child: one step, JSON on stdout
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.one, args.nodes[0])))
+        return 0
+    rows = []
+    for nodes in args.nodes:
+        for step in STEPS:
+            if step in args.skip:
+                continue
+            done = subprocess.run([sys.executable, "-m", "tools.scale_bench", "--one", step, "--nodes", str(nodes)],
+                                  cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{step} at {nodes} nodes failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+                return 1
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            r = rows[-1]
+            print(f"{r['nodes']:>5} nodes  {r['step']:<7} {r['seconds']:>7.2f} s  {r['peak_rss_mb']:>7.1f} MB  {r['found']}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
