@@ -149,13 +149,18 @@ class RealCluster:
         from ascend_pd.engine.capture import capture
 
         config = {f"ascend-pd:{k}": v if isinstance(v, str) else json.dumps(v)
-                  for k, v in self.settings(**overrides).items()}
+                  for k, v in self.as_diff_sees(self.settings(**overrides)).items()}
         config["ascend-pd:sshPrivateKey"] = self.private_key
         config["ascend-pd:proxyApiKey"] = TEST_PROXY_KEY
-        vllm = json.loads(config["ascend-pd:vllm"])  # the planted secret as render and diff see it
-        vllm.setdefault("env", {})[PLANTED_NAME] = placeholder("the planted secret")
-        config["ascend-pd:vllm"] = json.dumps(vllm)
         return capture(config, stack=self.stack, secret_keys=["ascend-pd:sshPrivateKey", "ascend-pd:proxyApiKey"])
+
+    @staticmethod
+    def as_diff_sees(settings: dict[str, Any]) -> dict[str, Any]:
+        """`settings` with the planted secret where the stack file holds it, as `render` and `diff` read
+        it: its placeholder in vllm.env (so their graphs have the `<node>-secrets` files the engine has)."""
+        out = json.loads(json.dumps(settings))
+        out.setdefault("vllm", {}).setdefault("env", {})[PLANTED_NAME] = placeholder("the planted secret")
+        return out
 
     @property
     def stack_file(self) -> Path:

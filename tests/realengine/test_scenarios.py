@@ -111,13 +111,13 @@ def change(dep: rc.RealCluster, name: str, *, apply: bool = True, key: Optional[
            during: Optional[Callable[[], Any]] = None, **edit: Any) -> Outcome:
     """Edit the stack by `edit` (top-level settings, merged one level deep; None removes one), then run
     it as an operator does; the model is held to every step the engine takes."""
-    before, key_before = dep.settings(), dep.key_generation
+    before, key_before = dep.as_diff_sees(dep.settings()), dep.key_generation
     old = dep.model_graph()
     merge(dep.overrides, edit)
     if key is not None:
         dep.private_key, dep.key_generation = key, dep.key_generation + 1
     dep.configure()
-    after = dep.settings()
+    after = dep.as_diff_sees(dep.settings())
     model = plan_up(old.regs, dep.model_graph())
     doc = dep.project.preview_json()
     engine = pv.parse(json.dumps(doc), label=name, stack=STACK)
