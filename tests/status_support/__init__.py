@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,6 +28,7 @@ from quiet_worker import QUIET_WORKER_FLAGS
 from ascend_pd.config import StackConfig
 from ascend_pd.loader import load_stack
 from ascend_pd.plan import PROXY_LAUNCHER, Plan, Rank, build_plan, proxy_key_file
+from ascend_pd.scripts.worker import WORKER_RETRY_PAUSE_S
 from ascend_pd.shell import static_file
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -328,27 +330,44 @@ class Workers:
         argv[i + 1] = str(liveness)
         return argv
 
+    def _spawn(self, plan: Plan, node: str) -> subprocess.Popen:
+        cwd = self.cwd(node)
+        cwd.mkdir(parents=True, exist_ok=True)
+        with open(cwd / "dscli-start.log", "wb") as log:
+            p = subprocess.Popen(self.argv(plan, node, self.liveness(node)), cwd=cwd, env=self._env(),
+                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        self.started[plan.worker(node).address] = str(cwd)
+        return p
+
     def start_many(self, plan: Plan, nodes: list[str], timeout: float = 90) -> None:
-        procs = {}
-        for node in nodes:
-            w = plan.worker(node)
-            cwd = self.cwd(node)
-            cwd.mkdir(parents=True, exist_ok=True)
-            log = open(cwd / "dscli-start.log", "wb")
-            procs[node] = (subprocess.Popen(self.argv(plan, node, self.liveness(node)), cwd=cwd, env=self._env(),
-                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True), cwd)
-            log.close()
-            self.started[w.address] = str(cwd)
-        for node, (p, cwd) in procs.items():
-            try:
-                rc = p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                rc = "timeout"
-            if rc != 0:
-                raise RuntimeError(f"dscli start for {node} failed ({rc}):\n"
-                                   f"{(cwd / 'dscli-start.log').read_text(errors='replace')[-2000:]}")
+        """`dscli start` on every node at once. A worker killed while starting is started again, as
+        the rendered script does (`yuanrong.startAttempts`, the same pause): restarted at its old
+        address while its peers still move its hash ranges away (after `dscli stop`), the worker
+        kills itself ("passive scale down ... Restart", exit -9); one CI run met it."""
+        attempts = plan.cfg.yuanrong.start_attempts
+        pending = {node: self._spawn(plan, node) for node in nodes}
+        attempt = 1
+        while pending:
+            killed = []
+            for node, p in pending.items():
+                try:
+                    rc = p.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    rc = "timeout"
+                if rc == 0:
+                    continue
+                log = (self.cwd(node) / "dscli-start.log").read_text(errors="replace")
+                if attempt < attempts and re.search(r"Worker exited with code -[0-9]", log):
+                    killed.append(node)
+                    continue
+                raise RuntimeError(f"dscli start for {node} failed ({rc}, attempt {attempt} of {attempts}):\n"
+                                   f"{log[-2000:]}")
+            if killed:
+                time.sleep(WORKER_RETRY_PAUSE_S)
+            pending = {node: self._spawn(plan, node) for node in killed}
+            attempt += 1
 
     def stop(self, address: str, bound: float = 30) -> None:
         cwd = self.started.pop(address, None)
