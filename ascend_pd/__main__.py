@@ -132,13 +132,26 @@ BUNDLE_DESCRIPTION = (
     "in its MANIFEST); 2: invalid stack file or option."
 )
 
+FORGET_DESCRIPTION = (
+    "For a node that is gone for good (no SSH, never coming back as it was). First edit the stack file: remove "
+    "NODE, or put the machine that replaces it there under another name (a spare). Then forget-node checks that "
+    "NODE's SSH port does not answer (refuses if it does, unless --force), exports the state to a backup file, "
+    "runs `pulumi up` with NODE's resources excluded (everything else converges on the edited stack; nothing "
+    "dials NODE), removes exactly NODE's resources from the state (`pulumi state delete`), and writes the script "
+    "that cleans NODE should it come back. Needs the `pulumi` CLI and the stack's backend and passphrase, as "
+    "`pulumi up` does. Exit 0: forgotten and converged (or --dry-run: previewed); 1: a Pulumi step failed (what "
+    "is left is printed; the backup is kept); 2: the stack file, NODE or an option is invalid, or NODE answers."
+)
+
 # Every exit code a subcommand can return, in one place: the README's table is checked against it.
 EXIT_CODES = {
     0: "success: nothing failed (status: all healthy; doctor: no failed check; heal: nothing broken or all healed; "
-       "diff: no change; exporter: stopped by SIGTERM; logs: every node read, -f ended by Ctrl-C; bundle: written)",
+       "diff: no change; exporter: stopped by SIGTERM; logs: every node read, -f ended by Ctrl-C; bundle: written; "
+       "forget-node: forgotten, the rest converged)",
     1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken; "
-       "logs: a node could not be read)",
-    2: "the stack file, an option or a path given is invalid; nothing was contacted or changed",
+       "logs: a node could not be read; forget-node: a Pulumi step failed)",
+    2: "the stack file, an option or a path given is invalid (forget-node: or the node still answers); nothing was "
+       "changed",
     10: "diff only: the stack file changes something",
     130: "interrupted (Ctrl-C)",
     141: "the reader of the output went away (a closed pipe, e.g. `| head`)",
@@ -281,6 +294,21 @@ def main(argv: list[str] | None = None) -> int:
                    "~/.ssh/known_hosts)")
     h.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     _logs_parsers(sub)
+    fg = sub.add_parser("forget-node", help="converge the stack without a node that is gone for good (after the "
+                        "stack edit that removes or replaces it)", description=FORGET_DESCRIPTION)
+    _stack_options(fg)
+    fg.add_argument("node", metavar="NODE", help="the node's name in the state (no longer in the stack file)")
+    fg.add_argument("--dry-run", action="store_true",
+                    help="say what would be forgotten and preview the rest; change nothing")
+    fg.add_argument("--force", action="store_true",
+                    help="forget NODE even though its SSH port answers (a machine broken in a way that must not "
+                    "be touched)")
+    fg.add_argument("--connect-timeout", type=_seconds(1.0, 120.0), metavar="S", default=10.0,
+                    help="how long NODE's SSH port gets to answer before it counts as gone (default 10)")
+    fg.add_argument("--backup-dir", type=Path, metavar="DIR", default=None,
+                    help="where the state backup and the node's cleanup script go (default "
+                    "~/.local/state/ascend-pd/backups)")
+    fg.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     x = sub.add_parser(
         "exporter",
         help="serve Prometheus metrics of what no component exports: worker registrations, rollout slots, the proxy, "
@@ -323,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         from .docs import main as docs_main
 
         return docs_main(write=args.write, check=args.check)
+    if args.command == "forget-node":
+        return _forget_node(args)
     if args.command == "diff":
         from .change import run as diff_run
 
@@ -485,6 +515,27 @@ def _logs_or_bundle(plan, args) -> int:
         return 2
     return run(plan, picked, targets, tail=args.tail, since=args.since, grep=args.grep, follow_=args.follow,
                timeout_s=args.timeout)
+
+
+def _forget_node(args) -> int:
+    from .forget import Forget, ForgetError, default_backup_dir, export_state, find_pulumi, pulumi_runner
+
+    try:
+        stack = open_stack(args.stack, args.project_dir, stack_file=args.stack_file)
+        cwd = stack.files.stack_file.parent
+        job = Forget(stack=stack.name, node=args.node, pulumi="", cwd=cwd,
+                     stack_nodes={n.name: list(n.former_names) for n in stack.config.nodes},
+                     backup_dir=args.backup_dir or default_backup_dir(), connect_timeout_s=args.connect_timeout,
+                     force=args.force, dry_run=args.dry_run)
+        job.check_stack()
+        job.pulumi = find_pulumi()
+        return job.run(pulumi_runner(job.pulumi, cwd), export_state(job.pulumi, cwd, stack.name))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except ForgetError as exc:
+        print(f"forget-node: {exc}", file=sys.stderr)
+        return 2
 
 
 def _print_host_keys(stack, timeout_s: float) -> int:

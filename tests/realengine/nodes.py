@@ -311,6 +311,14 @@ class Fleet:
             stranger.run(*argv)
         return stranger
 
+    def power_off(self, name: str) -> None:
+        """The machine gone for good: its PID 1 killed, and with it every process, mount and its veth;
+        its address answers nothing any more (a connect finds no route)."""
+        node = self.nodes[name]
+        self._kill(node.pid)
+        if node.launcher:
+            node.launcher.wait(timeout=20)
+
     def close(self) -> None:
         for node in self.nodes.values():
             self._kill(node.pid)

@@ -369,6 +369,51 @@ def test_a_decode_image_restarts_the_prefill_workers_into_the_new_etcd(dep):
     assert all(after[n] and not after[n] & before[n] for n in prefill), (before, after)
 
 
+def test_a_decode_node_lost_for_good_is_forgotten_and_the_spare_serves_in_its_place(dep):
+    """d1's machine is gone (powered off: no SSH, no docker, no route). The operator puts the spare x0
+    in its place in the stack file and runs one `ascend-pd forget-node d1`: the rest converges (x0
+    prepared and started, the decode group and the proxy updated) without dialling d1, exactly d1's
+    resources leave the state, and the cluster serves with `preview --expect-no-changes` clean. Runs
+    last: d1 stays gone. Each phase is timed (the model loads are the fake's, seconds)."""
+    lost, spare = "d1", "x0"
+    settings = dep.settings()
+    assert lost in settings["decode"]["nodes"] and spare not in {n["name"] for n in settings["nodes"]}
+    before = {r["urn"] for r in dep.project.export()["resources"]}
+    t0 = time.monotonic()
+    dep.fleet.power_off(lost)
+    rc_, report = dep.status("--no-smoke")
+    noticed_s = time.monotonic() - t0
+    assert rc_ == 1 and lost in json.dumps(report.get("problems", report)), json.dumps(report)[:3000]
+    nodes = [dict(n) for n in settings["nodes"]]
+    for n in nodes:
+        if n["name"] == lost:
+            n.update(name=spare, address=dep.fleet.nodes[spare].address)
+            n.pop("formerNames", None)
+    keys = {k: v for k, v in settings["ssh"]["hostKeys"].items() if k != lost}
+    keys[spare] = dep.fleet.nodes[spare].host_key
+    merge(dep.overrides, {"nodes": nodes, "ssh": {"hostKeys": keys},
+                          "decode": {"nodes": [spare if n == lost else n for n in settings["decode"]["nodes"]]}})
+    dep.configure()
+    t1 = time.monotonic()
+    done = dep.cli("forget-node", lost, "--backup-dir", str(dep.workdir / "backups"), timeout=1200)
+    forget_s = time.monotonic() - t1
+    assert done.returncode == 0, (done.stdout[-6000:], done.stderr[-3000:])
+    assert f"forgot " in done.stdout and f"resources of {lost}" in done.stdout, done.stdout[-3000:]
+    after = {r["urn"] for r in dep.project.export()["resources"]}
+    gone = before - after
+    assert gone and all(u.rsplit("::", 1)[-1].startswith(f"{lost}-") for u in gone), sorted(gone)
+    assert not any(u.rsplit("::", 1)[-1].startswith(f"{lost}-") for u in after)
+    assert any(u.endswith(f"::{spare}-launch") for u in after)
+    dep.wait_serving(timeout=300)
+    serving_s = time.monotonic() - t0
+    clean = dep.project.preview(expect_no_changes=True)
+    assert clean.ok, clean.stdout[-6000:]
+    cleanup = next((dep.workdir / "backups").glob(f"*-cleanup-{lost}-*.sh")).read_text()
+    assert "docker rm -f" in cleanup and f"--- {lost}-launch" in cleanup
+    FIGURES["node-lost"] = {"noticed_s": round(noticed_s, 1), "forget_node_s": round(forget_s, 1),
+                            "serving_again_s": round(serving_s, 1), "forgotten": len(gone)}
+
+
 def worker_pids(dep: rc.RealCluster, node: str) -> set[str]:
     """The datasystem_worker processes in the node's container (pids of its PID namespace)."""
     # `worke[r]`: the glob does not match this very shell's command line.
