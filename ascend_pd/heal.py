@@ -219,8 +219,9 @@ def blocked_detail(plan: Plan, inst: Instance, node: str, reason: str) -> str:
     live = [n for n in inst.nodes if n != node]
     kept = f"its ranks on {', '.join(live)} were not stopped" if live else "nothing was stopped"
     return (f"{node} ({plan.node(node).address}) does not answer: {reason}; {kept}, since the group cannot start "
-            f"without {node}. Bring {node} back (heal restarts the group then), or take it out of the stack "
-            f"and run `pulumi up` (docs/operations.md, \"A node that does not come back\")")
+            f"without {node}. Bring {node} back (heal restarts the group then); if its machine is gone for good, "
+            f"put a spare in its place in the stack file and run `ascend-pd forget-node --stack {plan.stack} {node}` "
+            f"(docs/operations.md, \"A node that does not come back\")")
 
 
 def _proxy(plan: Plan, run: Runner, mode: str, inst: Instance) -> str:

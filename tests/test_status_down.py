@@ -217,7 +217,7 @@ def test_heal_stops_nothing_of_a_group_whose_node_is_gone(tmp_path):
         [h] = r.instances
         assert (h.instance, h.outcome) == ("decode-0", "blocked"), r.text()
         assert h.detail.startswith(f"n1 ({n1}) does not answer: no TCP connection within 1s"), h.detail
-        assert "nothing was stopped" in h.detail and "take it out of the stack and run `pulumi up`" in h.detail
+        assert "nothing was stopped" in h.detail and f"ascend-pd forget-node --stack {plan.stack} " in h.detail
         assert r.workers == ["n1: not restarted: the node does not answer"]
         assert not r.ok and "decode-0: blocked: n1" in r.text()
     assert run_.calls == [], run_.calls  # not even the proxy: nothing changes
