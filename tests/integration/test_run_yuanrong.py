@@ -46,11 +46,20 @@ def workdir_of(c: harness.Cluster, node: str) -> Path:
     return Path(c.plans[node].worker(node).workdir)
 
 
-def liveness_ok(c: harness.Cluster, node: str) -> bool:
-    try:
-        return "liveness check success" in c.liveness(node).read_text()
-    except OSError:
-        return False
+def liveness_ok(c: harness.Cluster, node: str, patience: float = 5.0) -> bool:
+    """The worker's liveness file says success within `patience` seconds. The worker rewrites the file
+    continuously, so one read can land between its truncation and its new text (a CI run met an empty
+    read on a loaded machine); the rendered script polls it the same way."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            if "liveness check success" in c.liveness(node).read_text():
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 def registered(c: harness.Cluster) -> list[str]:
