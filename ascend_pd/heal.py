@@ -272,7 +272,8 @@ class Healer:
         s = self._script(node, name)
         cfg = self.plan_for(node).cfg
         body = s.create if kind == "create" else s.delete
-        command = in_container(cfg.container.name, body, delete=kind == "delete",
+        command = in_container(cfg.container.name, body, lock=scripts.script_locks(self.plan_for(node)).of(name),
+                               delete=kind == "delete",
                                host_first=s.delete_on_host_first if kind == "delete" else "")
         bound = cfg.vllm.stop_timeout_s + cfg.rollout.drain_timeout_s + cfg.vllm.ready_timeout_s + SCRIPT_MARGIN_S
         t0 = time.monotonic()

@@ -34,7 +34,7 @@ from ascend_pd.engine.capture import mock_image_id, plain
 from ascend_pd.engine.model import DELETE_REPLACED, REPLACE, SAME, UPDATE, plan_up
 from ascend_pd.probes import probes
 from ascend_pd.loader import load_config, load_stack
-from ascend_pd.plan import build_plan
+from ascend_pd.plan import build_plan, restart_bound_s
 from ascend_pd.program import MODEL_SECRET
 from ascend_pd.render import summary
 
@@ -301,7 +301,9 @@ def test_commands_delete_and_replacement(stack):
         assert "triggers[*]" in reg.replace_on_changes
         assert reg.inputs["delete"].startswith("state=$(docker inspect --type container "), reg.name
         # (a worker also passes the etcd it follows: `-e ASCEND_PD_FOLLOWS=<id>`)
-        assert re.search(rf"docker exec -i (-e \S+ )?{plan.cfg.container.name} bash -s", reg.inputs["create"]), reg.name
+        # and runs the script holding its lock, `bash -s` under `flock -o` (shell.in_container)
+        assert re.search(rf"docker exec -i (-e \S+ )?{plan.cfg.container.name} bash -c .*\n(.*\n)*"
+                         rf"flock -o -E 75 -w \"\$1\" \"\$0\" bash -s", reg.inputs["create"]), reg.name
     for reg in run.of_type(CONTAINER):
         assert reg.delete_before_replace, reg.name
 
@@ -392,8 +394,10 @@ def test_scripts_pass_through_unchanged(stack):
                 follows = etcd.id
                 assert f"docker exec -i -e ASCEND_PD_FOLLOWS={etcd.id} " in reg.inputs["create"]
                 assert etcd.urn in reg.property_dependencies["create"]
-            assert reg.inputs["create"] == shell.in_container(name, script.create, follows=follows)
-            assert reg.inputs["delete"] == shell.in_container(name, script.delete, delete=True)
+            # Create and delete take the same lock, one per script and node, beside the pid files.
+            lock = shell.Lock(f"{plan.run_dir}/{script.name}.lock", restart_bound_s(plan.cfg))
+            assert reg.inputs["create"] == shell.in_container(name, script.create, lock=lock, follows=follows)
+            assert reg.inputs["delete"] == shell.in_container(name, script.delete, lock=lock, delete=True)
 
 
 def test_a_role_image_goes_to_that_roles_nodes_only():

@@ -90,7 +90,8 @@ def rendered(plans: dict, root: Path) -> dict[tuple[str, str, str], tuple[str, s
             for kind in ("create", "delete"):
                 text = getattr(s, kind)
                 wrapped = shell.on_host(text) if s.where == "host" else \
-                    shell.in_container(plan.cfg.container.name, text, delete=kind == "delete")
+                    shell.in_container(plan.cfg.container.name, text, lock=scripts.script_locks(plan).of(s.name),
+                                       delete=kind == "delete")
                 out[(node.name, s.name, kind)] = (text, wrapped)
     return out
 

@@ -30,7 +30,8 @@ def rendered(stack: str) -> dict[str, str]:
                 if s.where == "host":
                     wrapped = shell.on_host(text)
                 else:
-                    wrapped = shell.in_container(plan.cfg.container.name, text, delete=kind == "delete")
+                    wrapped = shell.in_container(plan.cfg.container.name, text, lock=scripts.script_locks(plan).of(s.name),
+                                                 delete=kind == "delete")
                 out[f"{node.name}/{n:02d}-{s.name}.{kind}.pulumi.sh"] = "#!/bin/sh\n" + wrapped
     return out
 

@@ -104,6 +104,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None, *,
             ssh=cfg.ssh,
             conn=conns[node.name],
             prepare=scripts.prepare(plan, node.name),
+            locks=scripts.script_locks(plan),
             preflight=preflight,
             firewall=firewalls.get(node.name),
         )

@@ -11,7 +11,7 @@ from pulumi_command import remote
 
 from ascend_pd.config import DEFAULT_DEVICES, DEFAULT_MOUNTS, Container, Ssh, docker_size_mib
 from ascend_pd.plan import NodePlan
-from ascend_pd.shell import Script
+from ascend_pd.shell import Locks, Script
 
 from .host_firewall import HostFirewall
 from .preflight import NodePreflight
@@ -65,6 +65,7 @@ class NpuContainer(pulumi.ComponentResource):
         ssh: Ssh,
         conn: remote.ConnectionArgs,
         prepare: Sequence[Script],
+        locks: Locks,
         preflight: Optional[NodePreflight] = None,
         firewall: Optional[HostFirewall] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
@@ -128,7 +129,7 @@ class NpuContainer(pulumi.ComponentResource):
             ),
         )
         self.target = ContainerTarget(address=node.address, connection=conn, name=container.name,
-                                      id=self.container.id)
+                                      id=self.container.id, locks=locks)
 
         self.steps = {}
         previous: pulumi.Resource = self.container

@@ -6,6 +6,8 @@ Lifecycle rules every Command follows (Pulumi engine and pulumi-command facts, D
   decides which processes and files a script manages (`Script.identity`, the node address, the
   container) goes into `triggers`: a change is then a replacement, and with
   delete_before_replace=True the OLD delete (old inputs, old connection, from state) runs first;
+* a container script holds its lock on the node while it runs (shell.in_container): the script of
+  an interrupted `pulumi up` that still runs there and the next run's never overlap;
 * `add_previous_output_in_env` is off: sshd refuses those variables on most nodes, which
   pulumi-command reports as one warning per update and delete.
 """
@@ -21,7 +23,7 @@ from pulumi_command import remote
 
 from ascend_pd.config import Ssh
 from ascend_pd.plan import NodePlan
-from ascend_pd.shell import Script, in_container, on_host, q
+from ascend_pd.shell import Locks, Script, in_container, on_host, q
 
 
 def connection(*, ssh: Ssh, node: NodePlan, private_key: Optional[pulumi.Input[str]]) -> remote.ConnectionArgs:
@@ -43,12 +45,14 @@ def connection(*, ssh: Ssh, node: NodePlan, private_key: Optional[pulumi.Input[s
 
 @dataclass(frozen=True)
 class ContainerTarget:
-    """Where a container script runs: the node (address, SSH) and the container (fixed name, id)."""
+    """Where a container script runs: the node (address, SSH), the container (fixed name, id) and
+    where its scripts take their locks."""
 
     address: str
     connection: remote.ConnectionArgs
     name: str
     id: pulumi.Input[str]
+    locks: Locks
 
 
 def _aliases(names: Sequence[str]) -> list[pulumi.Alias]:
@@ -125,11 +129,12 @@ def container_command(
     """
     if script.where != "container":
         raise ValueError(f"{script.name} on {script.node} is a {script.where} script, not a container script")
+    lock = target.locks.of(script.name)
     return remote.Command(
         name,
         connection=target.connection,
-        create=_following(follows, lambda ids: in_container(target.name, script.create, follows=ids)),
-        delete=in_container(target.name, script.delete, delete=True, host_first=script.delete_on_host_first),
+        create=_following(follows, lambda ids: in_container(target.name, script.create, lock=lock, follows=ids)),
+        delete=in_container(target.name, script.delete, lock=lock, delete=True, host_first=script.delete_on_host_first),
         triggers=[target.id, target.address, *script.identity, *triggers],
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
@@ -161,7 +166,7 @@ def secret_file(
         name,
         connection=target.connection,
         create=f"docker exec -i {q(target.name)} sh -c {q(write)} && echo {q('written ' + path)}",
-        delete=in_container(target.name, f"rm -f {q(path)}\necho {q('removed ' + path)}\n", delete=True),
+        delete=in_container(target.name, f"rm -f {q(path)}\necho {q('removed ' + path)}\n", lock=None, delete=True),
         stdin=pulumi.Output.secret(content),
         # A new container or path: a replacement, whose old delete removes the old file first.
         triggers=[target.id, target.address, path],

@@ -10,9 +10,9 @@ failure prints the last lines of the relevant log. Values enter only through `as
 
 from __future__ import annotations
 
-from ..plan import Plan
+from ..plan import Plan, restart_bound_s
 from ..probes import probes
-from ..shell import Script
+from ..shell import Locks, Script
 from .etcd import etcd
 from .firewall import firewall
 from .hugepages import hugepages
@@ -22,6 +22,12 @@ from .prepare import prepare
 from .prometheus import prometheus, prometheus_config, prometheus_reload
 from .proxy import proxy
 from .worker import worker
+
+
+def script_locks(plan: Plan) -> Locks:
+    """The node containers' script locks (shell.in_container): beside the pid files, and held at most
+    as long as the longest legitimate run (a restart: stop, drain, model load, worker restart)."""
+    return Locks(plan.run_dir, restart_bound_s(plan.cfg))
 
 
 def node_scripts(plan: Plan, node: str) -> tuple[Script, ...]:
@@ -48,5 +54,5 @@ def node_scripts(plan: Plan, node: str) -> tuple[Script, ...]:
     return tuple(out)
 
 
-__all__ = ["node_scripts", "firewall", "hugepages", "prepare", "etcd", "worker", "launch", "preflight", "proxy", "probes",
+__all__ = ["node_scripts", "script_locks", "firewall", "hugepages", "prepare", "etcd", "worker", "launch", "preflight", "proxy", "probes",
            "prometheus", "prometheus_config", "prometheus_reload", "Script"]

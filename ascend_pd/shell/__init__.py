@@ -10,7 +10,8 @@ Every script ascend-pd renders is built from these pieces:
 * `background(...)`, `managed_start(...)`: the `setsid nohup env ... CMD` lines that start services,
   each value quoted in place so a preview or golden diff shows the changed flag on its own line;
 * `heredoc(...)`: every embedded document, refusing a text that holds its delimiter as a line;
-* `in_container(...)`, `on_host(...)`: the transport wrappers Pulumi runs on a node.
+* `in_container(...)`, `on_host(...)`: the transport wrappers Pulumi runs on a node (a container
+  script holds its `Lock` while it runs: two runs of one script on one node never overlap).
 
 Script modules (`ascend_pd.scripts.*`) and the probes import this module and never each other.
 """
@@ -23,7 +24,7 @@ import shlex
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 
@@ -246,9 +247,51 @@ def managed_start(name: str, run_dir: str, log: str, start: str, grace: int, *, 
 
 
 FOLLOWS_ENV = "ASCEND_PD_FOLLOWS"  # in the container: the ids of the resources a create follows
+LOCK_TIMEOUT_EXIT = 75  # flock's exit when the lock stayed held (EX_TEMPFAIL; no script exits with it)
 
 
-def in_container(container: str, script: str, *, delete: bool = False, host_first: str = "", follows: str = "") -> str:
+@dataclass(frozen=True)
+class Lock:
+    """The file one script's runs on one node take turns on, and how long a run waits for it."""
+
+    path: str
+    wait_s: int
+
+
+@dataclass(frozen=True)
+class Locks:
+    """Where a node container's scripts keep their locks (one per script name: create and delete of
+    the same script share it), and the longest wait (the longest a legitimate run can take)."""
+
+    dir: str
+    wait_s: int
+
+    def of(self, name: str) -> Lock:
+        return Lock(f"{self.dir.rstrip('/')}/{name}.lock", self.wait_s)
+
+
+# Run the script on stdin holding its lock ($0, waiting up to $1 s). `flock -o` keeps the lock in the
+# flock process, not in the script's descriptors: the services the script starts (setsid nohup) do
+# not inherit it, so the lock ends with the run, not with the ranks. A second run of the same script
+# (the script of a `pulumi up` killed mid-run still running here, a `heal`, the next `up`) waits for
+# the first and then finds what it started, instead of starting it a second time.
+_LOCKED_RUN = f"""if ! command -v flock >/dev/null 2>&1; then
+  echo "ascend-pd: this container has no flock (util-linux), which keeps two runs of one script apart: add util-linux to the image" >&2
+  exit 1
+fi
+mkdir -p "${{0%/*}}"
+if ! flock -n "$0" true; then echo "another run of this script holds $0: waiting for it (at most $1 s)"; fi
+flock -o -E {LOCK_TIMEOUT_EXIT} -w "$1" "$0" bash -s && exit 0
+rc=$?
+if [ "$rc" = {LOCK_TIMEOUT_EXIT} ]; then
+  echo "ascend-pd: another run of this script held $0 for $1 s (a pulumi up killed mid-run, or a heal, still running it on this node): see it with: pgrep -af 'flock.*$0'; run again once it has ended" >&2
+fi
+exit "$rc"
+"""
+
+
+def in_container(container: str, script: str, *, lock: Optional[Lock], delete: bool = False, host_first: str = "",
+                 follows: str = "") -> str:
     """The script, whole and literal, on `docker exec -i <container> bash -s`'s stdin.
 
     A stopped container (a reboot, `docker stop`) is started first: its processes are gone either
@@ -257,7 +300,10 @@ def in_container(container: str, script: str, *, delete: bool = False, host_firs
 
     follows: the ids of resources on other nodes this create follows (components.transport), given
     to the script as $ASCEND_PD_FOLLOWS: a script can tell that one of them was replaced since it
-    last ran (the worker: the etcd it joined)."""
+    last ran (the worker: the etcd it joined).
+
+    lock: the script's lock on this node (Locks.of(script name)); None only for a one-line step
+    that needs none (a secret file's removal)."""
     name = q(container)
     env = f"-e {FOLLOWS_ENV}={q(follows)} " if follows else ""
     if delete:
@@ -274,7 +320,9 @@ def in_container(container: str, script: str, *, delete: bool = False, host_firs
         f"  missing) {gone} ;;\n"
         f"  *) {say(f'container {container} is stopped: starting it')}; docker start {name} >/dev/null ;;\n"
         f"esac\n"
-        f"docker exec -i {env}{name} bash -s {heredoc(SCRIPT_DELIMITER, script)}"
+        + (f"docker exec -i {env}{name} bash -c {q(_LOCKED_RUN)} {q(lock.path)} {int(lock.wait_s)} " if lock
+           else f"docker exec -i {env}{name} bash -s ")
+        + heredoc(SCRIPT_DELIMITER, script)
     )
 
 
@@ -286,6 +334,6 @@ def on_host(script: str) -> str:
 __all__ = [
     "Script", "UnsafeText", "q", "one_line", "comment", "say", "params", "library", "static_file", "heredoc",
     "header", "source_env_files", "fingerprint", "env_value", "command", "background", "managed_start",
-    "in_container", "on_host", "RESERVED_PREFIX", "SCRIPT_DELIMITER", "PROBE_DELIMITER", "PYTHON_DELIMITER",
+    "in_container", "on_host", "Lock", "Locks", "LOCK_TIMEOUT_EXIT", "RESERVED_PREFIX", "SCRIPT_DELIMITER", "PROBE_DELIMITER", "PYTHON_DELIMITER",
     "LOG_TAIL", "CURL",
 ]

@@ -390,10 +390,27 @@ class Cluster:
         body = text if text is not None else getattr(self.script(node, name), kind)
         argv = ["bash", "-s"]
         if self.transport == "pulumi":
-            container = self.plans[node].cfg.container.name
-            argv, body = ["sh", "-c", shell.in_container(container, body, delete=kind == "delete")], ""
+            argv, body = ["sh", "-c", self.sent(node, name, body, kind)], ""
         return run_script(body, env=self.env(node, env), cwd=self.node_dir(node), timeout=timeout,
                           check=check, what=f"{node}/{name}.{kind}", argv=argv)
+
+    def sent(self, node: str, name: str, body: str, kind: str) -> str:
+        """What Pulumi sends over SSH for a container script: `body` in the node's container, under
+        the script's lock."""
+        lock = scripts.script_locks(self.plans[node]).of(name)
+        return shell.in_container(self.plans[node].cfg.container.name, body, lock=lock, delete=kind == "delete")
+
+    def start(self, node: str, name: str, *, output: Path, env: Optional[dict] = None) -> subprocess.Popen:
+        """A node's script (create) started as Pulumi sends it and left running, its output to a file
+        (not a pipe: a caller killed mid-run must not end the script through SIGPIPE, as the
+        `docker exec`'d script of a lost SSH session goes on)."""
+        if self.transport != "pulumi":
+            raise ValueError("start() runs the command Pulumi sends: a Cluster with transport='pulumi'")
+        command = self.sent(node, name, self.script(node, name).create, "create")
+        with open(output, "w") as out:
+            return subprocess.Popen(["sh", "-c", command], env=self.env(node, env), cwd=str(self.node_dir(node)),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
     def run_many(self, jobs: Iterable[tuple[str, str]], kind: str = "create", **kw
                  ) -> dict[str, Result]:

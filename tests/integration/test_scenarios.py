@@ -18,6 +18,7 @@ node) instead of DP32 to keep the number of fake ranks small.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,32 @@ def test_a_killed_rank_is_brought_back_with_its_group(dep: eh.Deployment):
     eh.converged(dep)
     assert prefill_pids(dep) == prefill
     assert not set(decode_pids(dep).values()) & set(decode.values())
+
+
+def test_a_launch_left_running_by_a_killed_up_and_the_next_run_start_each_rank_once(dep: eh.Deployment, workdir: Path):
+    """A `pulumi up` killed while p1's launch runs (a laptop asleep, a jump host gone): the launch goes
+    on in the container, its caller gone. The next run of that launch (the next `up`, or `heal`)
+    waits for it (the script's lock), then finds the rank it started: no rank runs twice."""
+    c, node, rank = dep.cluster, "p1", "prefill-1-r0"
+    others = {k: v for k, v in prefill_pids(dep).items() if not k.startswith("prefill-1-")}
+    old = dep.kill_rank(node, rank)
+    # The orphan's rank answers /health only after this: the second run comes while it still waits.
+    orphan = c.start(node, "launch", output=workdir / "orphan.out", env={"FAKE_VLLM_STARTUP_DELAY": "15"})
+    harness.wait_for(lambda: c.pid(node, rank) not in (None, old) and harness.alive(c.pid(node, rank)), 30,
+                     what=f"the orphaned launch starting {rank}")
+    orphan.kill()  # the caller only (the SSH session): what runs in the container goes on
+    orphan.wait()
+    second = c.run(node, "launch")
+    orphaned = (workdir / "orphan.out").read_text()
+    assert "another run of this script holds" in second.stdout, second.stdout
+    # The orphan finished its run (its ranks healthy, its instance back in the proxy) before the
+    # second one started, which then kept every rank the orphan had started.
+    assert "prefill-1 on p1: 2/2 ranks healthy" in orphaned and "prefill-1: back in the proxy" in orphaned, orphaned
+    started = {r: int(pid) for r, pid in re.findall(r"(prefill-1-r\d): started pid (\d+)", orphaned)}
+    assert len(started) == 2 and "started pid" not in second.stdout, second.stdout
+    assert {r: c.pid(node, r) for r in started} == started
+    eh.converged(dep)  # one process per planned rank, nothing else
+    assert {k: v for k, v in prefill_pids(dep).items() if not k.startswith("prefill-1-")} == others
 
 
 def test_a_rebooted_node_converges(dep: eh.Deployment):
