@@ -103,15 +103,28 @@ def node_resources(resources: list[StateResource], node: str) -> list[StateResou
             if (r.custom or r.type in NODE_COMPONENTS) and owner(r.name, nodes) == node]
 
 
-def node_endpoint(resources: list[StateResource], node: str) -> tuple[str, int]:
-    """(address, SSH port) NODE had when last deployed: its docker provider's `ssh://user@host:port`."""
+@dataclass(frozen=True)
+class Endpoint:
+    """Where NODE was reached over SSH when last deployed."""
+
+    user: str
+    address: str
+    port: int
+
+    def ssh(self) -> str:
+        """The ssh command line that reaches it (the cleanup hint)."""
+        return "ssh " + (f"-p {self.port} " if self.port != 22 else "") + f"{self.user}@{self.address}"
+
+
+def node_endpoint(resources: list[StateResource], node: str) -> Endpoint:
+    """Where NODE was when last deployed: its docker provider's `ssh://user@host:port`."""
     for r in resources:
         if r.type == DOCKER_PROVIDER and r.name == f"{node}-docker":
             host = r.inputs.get("host")
             if isinstance(host, str) and host.startswith("ssh://"):
                 parts = urlsplit(host)
                 if parts.hostname:
-                    return parts.hostname, parts.port or 22
+                    return Endpoint(parts.username or "root", parts.hostname, parts.port or 22)
     raise ForgetError(f"the state has no docker provider `{node}-docker` with an ssh:// host: cannot tell where "
                       f"{node} was (a state written by another program?)")
 
@@ -127,15 +140,15 @@ def answers(address: str, port: int, timeout_s: float) -> Optional[str]:
         return None
 
 
-def cleanup_script(resources: list[StateResource], node: str, address: str) -> tuple[str, list[str]]:
+def cleanup_script(resources: list[StateResource], node: str, where: Endpoint) -> tuple[str, list[str]]:
     """A script undoing what NODE's resources set up, for when the machine comes back: each Command's
     delete and `docker rm -f` for its containers, dependents first (the state order reversed). Also
     the names of the Commands whose delete is a secret in the state (left out)."""
     lines = [
         "#!/usr/bin/env bash",
-        f"# What ascend-pd deployed on {node} ({address}), forgotten by `ascend-pd forget-node` while the machine",
-        "# did not answer. Run it on the machine if it comes back, before it serves anything else:",
-        f"#   ssh root@{address} bash -s < THIS_FILE",
+        f"# What ascend-pd deployed on {node} ({where.address}), forgotten by `ascend-pd forget-node` while the",
+        "# machine did not answer. Run it on the machine if it comes back, before it serves anything else:",
+        f"#   {where.ssh()} bash -s < THIS_FILE",
         "# Each step is the delete Pulumi would have run, in the order it would have run them.",
         "set -u",
         "failed=0",
@@ -212,7 +225,8 @@ class Forget:
             known = ", ".join(state_nodes(resources)) or "none"
             raise ForgetError(f"stack {self.stack}'s state has no resource of node {self.node} (nodes in the "
                               f"state: {known})")
-        address, port = node_endpoint(resources, self.node)
+        where = node_endpoint(resources, self.node)
+        address, port = where.address, where.port
         t0 = time.monotonic()
         how = answers(address, port, self.connect_timeout_s)
         if how and not self.force:
@@ -245,7 +259,7 @@ class Forget:
             self.log(f"`pulumi state delete` failed: the rest of the stack is converged; {self.node}'s resources "
                      f"are still in the state (the backup is {backup})")
             return 1
-        script, secret = cleanup_script(mine, self.node, address)
+        script, secret = cleanup_script(mine, self.node, where)
         cleanup = self.backup_dir / f"{self.stack}-cleanup-{self.node}-{stamp}.sh"
         cleanup.write_text(script)
         os.chmod(cleanup, 0o700)
@@ -254,7 +268,7 @@ class Forget:
         print(f"the rest of the stack converged with `pulumi up` in {up_s:.0f} s ({time.monotonic() - t0:.0f} s "
               f"in all); the next `pulumi preview` shows no change")
         print(f"should {self.node} ever come back, clean it before anything else: "
-              f"ssh root@{address} bash -s < {cleanup}"
+              f"{where.ssh()} bash -s < {cleanup}"
               + (f" (left out, secret in the state: {', '.join(secret)})" if secret else ""))
         return 0
 
@@ -268,5 +282,5 @@ def find_pulumi() -> str:
 
 
 __all__ = ["Forget", "ForgetError", "StateResource", "answers", "cleanup_script", "default_backup_dir",
-           "export_state", "find_pulumi", "node_endpoint", "node_resources", "owner", "pulumi_runner",
+           "export_state", "find_pulumi", "Endpoint", "node_endpoint", "node_resources", "owner", "pulumi_runner",
            "state_nodes", "state_resources"]

@@ -20,6 +20,7 @@ import requests
 FAKES = Path(__file__).resolve().parent / "fakes"
 VLLM = str(FAKES / "bin" / "vllm")
 import proxy_release
+from ports import free_port
 
 PROXY = str(proxy_release.for_stack("a3-4node"))
 
@@ -33,12 +34,6 @@ SAMPLE_RE = re.compile(
     r" ([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))$"
 )
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def free_side_channels(n: int = 2) -> int:

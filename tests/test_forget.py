@@ -18,7 +18,8 @@ import pytest
 
 from pulumi_harness import COMMAND, CONTAINER, DOCKER_PROVIDER, PROJECT, plain, run_program, stack_config, \
     with_host_keys
-from ascend_pd.forget import Forget, ForgetError, StateResource, answers, cleanup_script, node_endpoint, \
+from ports import free_port
+from ascend_pd.forget import Endpoint, Forget, ForgetError, StateResource, answers, cleanup_script, node_endpoint, \
     node_resources, owner, state_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,14 @@ def test_the_node_address_comes_from_its_docker_provider():
     state = as_state(g)
     addresses = {n["name"]: n["address"] for n in json.loads(stack_config("a3-4node")[f"{PROJECT}:nodes"])}
     for node, address in addresses.items():
-        assert node_endpoint(state, node) == (address, 22)
+        assert node_endpoint(state, node) == Endpoint("root", address, 22)
+    # The user and port the stack reaches it with, for the cleanup hint.
+    provider = next(r for r in state if r.name == "d0-docker")
+    moved = [StateResource(r.urn, r.type, r.name, r.custom, {**r.inputs, "host": "ssh://ops@10.1.2.3:2222"})
+             if r is provider else r for r in state]
+    where = node_endpoint(moved, "d0")
+    assert where == Endpoint("ops", "10.1.2.3", 2222) and where.ssh() == "ssh -p 2222 ops@10.1.2.3"
+    assert node_endpoint(state, "p0").ssh() == f"ssh root@{addresses['p0']}"
     with pytest.raises(ForgetError, match="no docker provider `ghost-docker`"):
         node_endpoint(state, "ghost")
 
@@ -126,8 +134,8 @@ def test_the_cleanup_script_undoes_the_node_dependents_first(tmp_path):
     g = graph("a2-8node")
     state = as_state(g)
     mine = node_resources(state, "d1")
-    script, secret = cleanup_script(mine, "d1", "10.0.0.5")
-    assert secret == []
+    script, secret = cleanup_script(mine, "d1", Endpoint("ops", "10.0.0.5", 2222))
+    assert secret == [] and "#   ssh -p 2222 ops@10.0.0.5 bash -s < THIS_FILE" in script
     order = [line[len("echo '--- "):-1] for line in script.splitlines() if line.startswith("echo '--- ")]
     # The launch is stopped before the worker, the container removed after both and before the host's
     # huge pages and firewall are given back.
@@ -146,7 +154,7 @@ def test_the_cleanup_script_undoes_the_node_dependents_first(tmp_path):
                             {**r.inputs, "delete": {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270",
                                                     "ciphertext": "x"}} if r.name == "d1-worker" else r.inputs)
               for r in mine]
-    script, secret = cleanup_script(sealed, "d1", "10.0.0.5")
+    script, secret = cleanup_script(sealed, "d1", Endpoint("root", "10.0.0.5", 22))
     assert secret == ["d1-worker"] and "ciphertext" not in script and "--- d1-launch" in script
 
 
@@ -189,14 +197,6 @@ def test_a_node_that_answers_is_not_forgotten_and_nothing_runs(tmp_path):
     assert calls == [] and not (tmp_path / "backups").exists()
     with pytest.raises(ForgetError, match="has no resource of node ghost"):
         job(tmp_path, node="ghost").run(lambda argv: 0, deployment_with("127.0.0.1", 1))
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @contextlib.contextmanager

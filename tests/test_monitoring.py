@@ -31,6 +31,7 @@ from proxy_key import AUTH
 from status_support import (Procs, clean_env, have_etcd, http_ok, plan_of, start_etcd, start_proxy, start_ranks,
                             wait_until)
 from test_status import COUNTERS, stack
+from ports import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -413,12 +414,6 @@ LIVE = {name: {**c, "vllm:num_requests_running": GAUGES[name][0], "vllm:num_requ
         for name, c in COUNTERS.items()}
 PROM_READY_S = 30
 RECORDED_S = 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PromAPI:
