@@ -18,7 +18,9 @@ node) instead of DP32 to keep the number of fake ranks small.
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,35 @@ def test_prefill_loses_a_node_and_gets_it_back(dep: eh.Deployment):
     assert run.outcome.ok, run.failures()
     assert (CREATE, "p1-launch") in run.ops()
     eh.converged(dep)
+
+
+def start_spread_s(dep: eh.Deployment, prefix: str) -> float:
+    """Seconds between the first and the last start of the ranks named `prefix`* (their processes' start
+    times): a DP group whose ranks start apart is split (status judges it by the same clock)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    starts = [int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / hz
+              for name, pid in eh.pids_of_ranks(dep).items() if name.startswith(prefix)]
+    return max(starts) - min(starts)
+
+
+def test_the_decode_group_on_one_node_fewer_restarts_together(dep: eh.Deployment):
+    """`replan`'s layout when a decode group cannot keep its node count: d3 leaves the group, DP 8 -> 6
+    on d0-d2. Every rank of the new group answered before the run, so the lead (d0) drains it as a
+    serving instance: it takes out every endpoint the proxy lists for the role, d3's too. Taking
+    out only the new plan's endpoints left d3's listed until the run's end (d3's launch is deleted
+    last): the role never counted 0, and d0 restarted its ranks a whole drain timeout (300 s) after
+    the rest of its group, a split DP group."""
+    t0 = time.monotonic()
+    run = dep.up({"decode": {"nodes": ["d0", "d1", "d2"], "nodesPerInstance": 3, "dp": 6}})
+    took = time.monotonic() - t0
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+    assert dep.cluster.any_plan.instances_of("decode")[0].nodes == ("d0", "d1", "d2")
+    assert start_spread_s(dep, "decode-") < 30 and took < 240, (start_spread_s(dep, "decode-"), took)
+    run = dep.up({"decode": {"nodes": None, "nodesPerInstance": None, "dp": 8}})
+    assert run.outcome.ok, run.failures()
+    eh.converged(dep)
+    assert start_spread_s(dep, "decode-") < 30
 
 
 def test_identity_settings_replace_with_the_old_delete_first(dep: eh.Deployment):

@@ -159,9 +159,16 @@ keeper_pid=""
 out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the proxy and keep them out;
   # 1 when the proxy does not answer. `serving`: the ranks serve and are about to stop, so the
   # role's only instance waits until the proxy has really dropped them.
-  local deadline=$((SECONDS + drain_timeout_s))
+  local deadline=$((SECONDS + drain_timeout_s)) stale
   local targets=("${local_endpoints[@]}")
-  if [ "${1:-}" = serving ] && [ "$spares" = 0 ]; then targets=("${endpoints[@]}"); fi
+  if [ "${1:-}" = serving ] && [ "$spares" = 0 ]; then
+    # The role's only instance: whatever the proxy lists for the role is this instance, in its old
+    # layout too (the ranks of a node that left the group, a dead one's): all of it goes, or the
+    # role never counts 0 and this node restarts a drain timeout after the rest of its group.
+    targets=("${endpoints[@]}")
+    mapfile -t stale < <(role_listed)
+    targets+=(${stale[@]+"${stale[@]}"})
+  fi
   proxy_call remove "${targets[@]}" >/dev/null || { echo "$instance: the proxy at $proxy_url does not answer: not draining through it"; return 1; }
   if [ "$spares" -gt 0 ]; then
     # Re-asserted until into_proxy (or the script's end): see the top of this file.
@@ -186,11 +193,18 @@ out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the pr
     fi
     sleep 0.25
     if [ "$lead" = 1 ] && ((SECONDS - asked >= ${retaint_s%.*})); then
-      proxy_call remove "${endpoints[@]}" >/dev/null || true
+      proxy_call remove "${targets[@]}" >/dev/null || true
       asked=$SECONDS
     fi
   done
   echo "$instance: out of the proxy (the only instance of its role: requests are refused until it is back)"
+}
+
+role_listed() {  # the HOST:PORT endpoints the proxy lists for this role now, one a line (none: no answer)
+  local answer
+  # A removal of no instance changes nothing and answers with the current lists.
+  answer=$(proxy_call remove) || return 0
+  printf '%s' "$answer" | grep -o "\"current_${proxy_type}_instances\": *\[[^]]*\]" | grep -o '"[^"]*:[0-9]*"' | tr -d '"' || true
 }
 
 role_gone() {  # 0 once the proxy's /healthcheck counts no instance of this role, or the proxy is gone
