@@ -143,15 +143,29 @@ FORGET_DESCRIPTION = (
     "is left is printed; the backup is kept); 2: the stack file, NODE or an option is invalid, or NODE answers."
 )
 
+REPLAN_DESCRIPTION = (
+    "For a node lost for good: propose the stack edit that keeps serving without it, found among a few layouts in "
+    "order of preference and held to the plan's own rules (DP sizes, ranks, ports, kv ports, devices): a warm spare "
+    "(a node of no role) in its place; else, for a decode node, a prefill node joins the decode group in its place "
+    "and prefill runs one instance fewer; else the role runs one instance fewer; else its one instance runs on one "
+    "node fewer. "
+    "Every layout also takes NODE out of nodes and ssh.hostKeys, and moves etcd, the proxy and Prometheus off it. "
+    "Prints the edit (a diff of the stack file), the capacity left, and what `diff` says applying it does (what "
+    "restarts, for how long). --write applies it (comments kept; the file as it was is kept beside it, which is "
+    "also how NODE comes back once repaired). Then `forget-node` converges the state without the dead machine. "
+    "Exit 0: proposed (or written); 2: the stack file or NODE is invalid, or no legal layout exists without NODE "
+    "(a spare is needed)."
+)
+
 # Every exit code a subcommand can return, in one place: the README's table is checked against it.
 EXIT_CODES = {
     0: "success: nothing failed (status: all healthy; doctor: no failed check; heal: nothing broken or all healed; "
        "diff: no change; exporter: stopped by SIGTERM; logs: every node read, -f ended by Ctrl-C; bundle: written; "
-       "forget-node: forgotten, the rest converged)",
+       "forget-node: forgotten, the rest converged; replan: proposed or written)",
     1: "something is wrong on the cluster: unhealthy, a failed check, left broken (heal --dry-run: found broken; "
        "logs: a node could not be read; forget-node: a Pulumi step failed)",
-    2: "the stack file, an option or a path given is invalid (forget-node: or the node still answers); nothing was "
-       "changed",
+    2: "the stack file, an option or a path given is invalid (forget-node: or the node still answers; replan: or no "
+       "legal layout without the node); nothing was changed",
     10: "diff only: the stack file changes something",
     130: "interrupted (Ctrl-C)",
     141: "the reader of the output went away (a closed pipe, e.g. `| head`)",
@@ -309,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the state backup and the node's cleanup script go (default "
                     "~/.local/state/ascend-pd/backups)")
     fg.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    rp = sub.add_parser("replan", help="the stack edit that keeps serving without a node lost for good (a warm spare in "
+                        "its place, or a layout without it)",
+                        description=REPLAN_DESCRIPTION)
+    _stack_options(rp)
+    rp.add_argument("--without", required=True, metavar="NODE", help="the node to do without")
+    rp.add_argument("--write", action="store_true", help="apply the edit to the stack file (default: only print it)")
+    rp.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     x = sub.add_parser(
         "exporter",
         help="serve Prometheus metrics of what no component exports: worker registrations, rollout slots, the proxy, "
@@ -353,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         return docs_main(write=args.write, check=args.check)
     if args.command == "forget-node":
         return _forget_node(args)
+    if args.command == "replan":
+        return _replan(args)
     if args.command == "diff":
         from .change import run as diff_run
 
@@ -535,6 +558,39 @@ def _forget_node(args) -> int:
         return 2
     except ForgetError as exc:
         print(f"forget-node: {exc}", file=sys.stderr)
+        return 2
+
+
+def _replan(args) -> int:
+    from . import term
+    from .change import compare
+    from .change.report import text_blocks
+    from .change.sources import from_file
+    from .replan import Replan, ReplanError
+
+    try:
+        files = find_stack(args.stack, args.project_dir, stack_file=args.stack_file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    project = files.stack_file.parent
+
+    def report(old: Path, new: Path) -> str:
+        """`diff`'s report of the edit, up to the scripts' own diffs (`diff` shows those once it is written)."""
+        blocks = text_blocks(compare(files.name, from_file(files.name, old, project),
+                                     from_file(files.name, new, project)))
+        cut = next((i for i, b in enumerate(blocks) if isinstance(b, str) and b.startswith(("== ", "library "))),
+                   len(blocks))
+        return term.plain(blocks[:cut]).rstrip() + "\n"
+
+    try:
+        return Replan(files.name, files.stack_file, project, args.without, write=args.write,
+                      compare_report=report).run()
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except ReplanError as exc:
+        print(f"replan: {exc}", file=sys.stderr)
         return 2
 
 

@@ -187,6 +187,14 @@ class Plan:
     def worker(self, node: str) -> WorkerPlan:
         return next(w for w in self.workers if w.node == node)
 
+    @property
+    def spares(self) -> tuple[str, ...]:
+        """Nodes of no role: prepared like every node (huge pages, container, image, openYuanrong worker in
+        the KV pool) but running no rank. `replan --without NODE` puts one in a lost node's place, which
+        then costs one model load."""
+        serving = {n for i in self.instances for n in i.nodes}
+        return tuple(n.name for n in self.nodes if n.name not in serving)
+
     def instances_of(self, role: str) -> tuple[Instance, ...]:
         return tuple(i for i in self.instances if i.role == role)
 

@@ -36,6 +36,8 @@ def summary_blocks(plan: Plan) -> list[Block]:
         f"etcd    {plan.etcd.client_url}  on {plan.etcd.node}"
         + (f" (container {plan.etcd.container_name}, image {plan.etcd.image})" if plan.etcd.image else ""),
         "workers " + " ".join(w.address for w in plan.workers),
+        *([f"spares  {' '.join(plan.spares)}  (prepared, no ranks: `ascend-pd replan --stack {plan.stack} --without NODE` "
+           "puts one in a lost node's place)"] if plan.spares else []),
         *_images(plan),
         *_monitoring(plan),
         "",

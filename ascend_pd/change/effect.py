@@ -362,6 +362,18 @@ def _prometheus_notes(steps: Sequence[Step], old_plan: Optional[Plan], new_plan:
     return out
 
 
+def _role_moves(old: Plan, new: Plan) -> list[str]:
+    """Nodes that serve another role than before, a spare (no role) included: `x0: spare -> decode`."""
+    def roles(plan: Plan) -> dict[str, str]:
+        out = {n.name: "spare" for n in plan.nodes}
+        out.update({n: i.role for i in plan.instances for n in i.nodes})
+        return out
+
+    before, after = roles(old), roles(new)
+    moves = [f"{n}: {before[n]} -> {after[n]}" for n in after if n in before and before[n] != after[n]]
+    return [f"nodes change roles: {'; '.join(moves)}"] if moves else []
+
+
 def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old_graph: Optional[Graph],
             new_graph: Graph) -> Effect:
     old = scripts_by_resource(old_plan, old_graph)
@@ -386,7 +398,7 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
 
     timing = simulate(all_steps, seconds, parallel=new_plan.up_parallelism, gangs=launch_gangs(all_steps, new_graph))
     roles = [_role(r, old_plan, new_plan, processes, steps, timing) for r in ROLES]
-    notes = []
+    notes = [] if old_plan is None else _role_moves(old_plan, new_plan)
     containers = sorted(node_of(s, new, new_plan) for s in steps
                         if s.op == REPLACE and s.type == CONTAINER and s.name not in etcd_container
                         and not _is_prometheus(s))

@@ -254,6 +254,7 @@ def collect_status(
         requests=_instance_requests(plan, ranks), proxy=proxy_status,
         smoke=smoke_status, since_start=since_start, interval=interval, problems=problems,
         instances=instances, hang_note=hang_note, rollout=rollout, nodes=_node_verdicts(plan, results, problems),
+        spares=list(plan.spares),
     )
 
 

@@ -297,6 +297,7 @@ class StatusReport:
     hang_note: str = ""  # what this poll cannot know about hangs (one poll, no history)
     rollout: list[RolloutStatus] = field(default_factory=list)
     nodes: list[NodeStatus] = field(default_factory=list)
+    spares: list[str] = field(default_factory=list)  # nodes of no role (Plan.spares)
 
     @property
     def ok(self) -> bool:

@@ -140,7 +140,18 @@ def _component_table(plan: Plan, rep: StatusReport) -> term.Table:
         rows.append(("smoke chat completion", "ok" if s.ok else "FAIL",
                      f"{s.latency_s:.2f}s via {s.served_by}: {s.text!r}" if s.ok else s.reason))
     rows.append(_ranks_row(plan, rep))
+    if rep.spares:
+        rows.append(_spares_row(rep))
     return term.Table(("COMPONENT", "STATE", "DETAIL"), rows, styles=STYLES)
+
+
+def _spares_row(rep: StatusReport) -> tuple[str, str, str]:
+    """Nodes of no role: ready to take a lost node's place when their openYuanrong worker is (the rest of
+    their preparation is `pulumi up`'s)."""
+    workers = {w.node: w for w in rep.workers}
+    ready = [n for n in rep.spares if n in workers and workers[n].ok]
+    detail = ", ".join(f"{n} ({'ready' if n in ready else 'worker not ready'})" for n in rep.spares)
+    return "spare nodes (no ranks)", "ok" if len(ready) == len(rep.spares) else "FAIL", detail
 
 
 def _rollout_lines(rep: StatusReport) -> list[term.Block]:

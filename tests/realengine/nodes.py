@@ -318,6 +318,20 @@ class Fleet:
         self._kill(node.pid)
         if node.launcher:
             node.launcher.wait(timeout=20)
+        # Its processes die after its PID 1, and its network namespace (address, sshd's socket) with
+        # the last of them: until then a connect is refused, which `forget-node` rightly takes for a
+        # machine that is up. Gone = a connect finds no route or no answer.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection((node.address, 22), timeout=1).close()
+            except ConnectionRefusedError:
+                pass
+            except OSError:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} ({node.address}) still answers on port 22 60 s after its power-off")
+            time.sleep(0.5)
 
     def close(self) -> None:
         for node in self.nodes.values():

@@ -196,6 +196,71 @@ def test_a_prefill_env_updates_the_prefill_launches_only(dep):
     assert changed(o) == {n: "update" for n in launches(dep, "prefill")}
 
 
+def rank_processes(dep: rc.RealCluster) -> dict[str, list[str]]:
+    """Node -> the --port of every fake vLLM process on it (in its containers), one entry per process."""
+    out = {}
+    for name, node in dep.fleet.nodes.items():
+        if not node.alive():
+            continue
+        ps = node.sh("ps -eo args=").stdout.splitlines()
+        out[name] = sorted(line.split("--port ", 1)[1].split()[0] for line in ps
+                           if "fake_vllm.py" in line and "--port " in line)
+    return out
+
+
+def test_an_up_killed_mid_run_is_cancelled_and_converges_with_every_rank_once(dep):
+    """The CLI of an `up` is SIGKILLed while the prefill launches restart (a laptop asleep, a jump host
+    gone): the stack stays locked, the provider plugins and the launches on the nodes run on. What the
+    docs tell the operator (docs/operations.md, "An interrupted pulumi up") gets back to converged:
+    `pulumi cancel`, then `pulumi up`; no rank runs twice on any node (the launches' locks), and
+    `preview --expect-no-changes` is clean."""
+    planned = rank_processes(dep)
+    env = dep.settings()["prefill"].get("env", {})
+    merge(dep.overrides, {"prefill": {"env": {**env, "APD_INTERRUPTED_RUN": "1"}}})
+    dep.configure()
+    project, cli = dep.project, eng.find_cli()
+    env_ = {**os.environ, **project.env}
+    log = dep.workdir / "killed-up.log"
+    prefill = dep.settings()["prefill"]["nodes"]
+
+    def running_launches() -> list[str]:
+        return [n for n in prefill
+                if "launch.lock bash -s" in dep.fleet.nodes[n].sh("ps -eo args=").stdout]
+
+    with open(log, "w") as out:
+        up = subprocess.Popen([str(cli), "up", "--yes", "--skip-preview", "--non-interactive", "--stack", STACK,
+                               "--parallel", str(project.parallel)], cwd=str(project.dir), env=env_,
+                              stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not running_launches():
+            assert up.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+    finally:
+        up.kill()  # the CLI alone: its plugins and the scripts on the nodes go on
+        up.wait()
+    t0 = time.monotonic()
+    orphans = running_launches()
+    locked = project.up()
+    assert not locked.ok and "pulumi cancel" in (locked.error or ""), (locked.error or "")[-3000:]
+    cancel = subprocess.run([str(cli), "cancel", "--yes", "--stack", STACK], cwd=str(project.dir), env=env_,
+                            capture_output=True, text=True, timeout=120)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    again = project.up()
+    assert again.ok, (again.error or "")[-6000:]
+    dep.wait_serving(timeout=300)
+    converged_s = time.monotonic() - t0
+    after = rank_processes(dep)
+    assert after == planned, (planned, after)  # every planned rank, each once
+    assert all(len(ports) == len(set(ports)) for ports in after.values()), after
+    clean = project.preview(expect_no_changes=True)
+    assert clean.ok, clean.stdout[-6000:]
+    FIGURES["killed-up"] = {"launches_running_at_kill": len(orphans), "kill_to_serving_s": round(converged_s, 1),
+                            "second_up_s": round(again.seconds, 1),
+                            "pending_warning": "pending operations" in again.stdout}
+
+
 @recorded_only
 def test_a_shared_vllm_flag_updates_every_launch(dep):
     flags = dep.settings()["vllm"].get("flags", {})
@@ -382,31 +447,34 @@ def test_a_decode_image_restarts_the_prefill_workers_into_the_new_etcd(dep):
     assert all(after[n] and not after[n] & before[n] for n in prefill), (before, after)
 
 
-def test_a_decode_node_lost_for_good_is_forgotten_and_the_spare_serves_in_its_place(dep):
-    """d1's machine is gone (powered off: no SSH, no docker, no route). The operator puts the spare x0
-    in its place in the stack file and runs one `ascend-pd forget-node d1`: the rest converges (x0
-    prepared and started, the decode group and the proxy updated) without dialling d1, exactly d1's
-    resources leave the state, and the cluster serves with `preview --expect-no-changes` clean. Runs
-    last: d1 stays gone. Each phase is timed (the model loads are the fake's, seconds)."""
+def test_a_decode_node_lost_for_good_is_taken_over_by_a_warm_spare(dep):
+    """x0 joins the stack as a warm spare (a node of no role: prepared, its worker in the KV pool, no
+    ranks). Then d1's machine is gone (powered off: no SSH, no docker, no route): `replan --without d1
+    --write` puts x0 in its place and one `ascend-pd forget-node d1` converges the rest (x0's launch,
+    the decode group restarted with it, the proxy updated) without dialling d1; exactly d1's resources
+    leave the state, and the cluster serves with `preview --expect-no-changes` clean. d1 stays gone.
+    Each phase is timed (the model loads are the fake's, seconds)."""
     lost, spare = "d1", "x0"
     settings = dep.settings()
     assert lost in settings["decode"]["nodes"] and spare not in {n["name"] for n in settings["nodes"]}
+    node = {**settings["nodes"][-1], "name": spare, "address": dep.fleet.nodes[spare].address}
+    node.pop("formerNames", None)
+    t_prep = time.monotonic()
+    o = change(dep, "spare-added", nodes=[*settings["nodes"], node],
+               ssh={"hostKeys": {**settings["ssh"]["hostKeys"], spare: dep.fleet.nodes[spare].host_key}})
+    prepare_s = time.monotonic() - t_prep
+    assert f"{spare}-container" in changed(o) and not any(n.endswith("-launch") for n in changed(o)), changed(o)
+    rc_, report = dep.status()
+    assert rc_ == 0 and report.get("spares") == [spare], json.dumps(report)[:3000]
     before = {r["urn"] for r in dep.project.export()["resources"]}
     t0 = time.monotonic()
     dep.fleet.power_off(lost)
     rc_, report = dep.status("--no-smoke")
     noticed_s = time.monotonic() - t0
     assert rc_ == 1 and lost in json.dumps(report.get("problems", report)), json.dumps(report)[:3000]
-    nodes = [dict(n) for n in settings["nodes"]]
-    for n in nodes:
-        if n["name"] == lost:
-            n.update(name=spare, address=dep.fleet.nodes[spare].address)
-            n.pop("formerNames", None)
-    keys = {k: v for k, v in settings["ssh"]["hostKeys"].items() if k != lost}
-    keys[spare] = dep.fleet.nodes[spare].host_key
-    merge(dep.overrides, {"nodes": nodes, "ssh": {"hostKeys": keys},
-                          "decode": {"nodes": [spare if n == lost else n for n in settings["decode"]["nodes"]]}})
-    dep.configure()
+    proposed = dep.cli("replan", "--without", lost, "--write", timeout=600)
+    assert proposed.returncode == 0, (proposed.stdout[-4000:], proposed.stderr[-3000:])
+    assert f"proposed: {spare} (a spare) takes {lost}'s place in decode-0" in proposed.stdout, proposed.stdout[-3000:]
     t1 = time.monotonic()
     done = dep.cli("forget-node", lost, "--backup-dir", str(dep.workdir / "backups"), timeout=1200)
     forget_s = time.monotonic() - t1
@@ -423,8 +491,37 @@ def test_a_decode_node_lost_for_good_is_forgotten_and_the_spare_serves_in_its_pl
     assert clean.ok, clean.stdout[-6000:]
     cleanup = next((dep.workdir / "backups").glob(f"*-cleanup-{lost}-*.sh")).read_text()
     assert "docker rm -f" in cleanup and f"--- {lost}-launch" in cleanup
-    FIGURES["node-lost"] = {"noticed_s": round(noticed_s, 1), "forget_node_s": round(forget_s, 1),
-                            "serving_again_s": round(serving_s, 1), "forgotten": len(gone)}
+    FIGURES["node-lost"] = {"spare_prepared_s": round(prepare_s, 1), "noticed_s": round(noticed_s, 1),
+                            "forget_node_s": round(forget_s, 1), "serving_again_s": round(serving_s, 1),
+                            "forgotten": len(gone)}
+
+
+def test_a_decode_node_lost_with_no_spare_left_is_replanned_and_forgotten(dep):
+    """After the spare went to d1, d2's machine is gone too and there is no spare left: `replan --without
+    d2 --write` puts the last prefill node in its place (prefill one instance fewer) and `forget-node d2`
+    converges to it; the cluster serves, `preview --expect-no-changes` clean. Runs last."""
+    lost = "d2"
+    settings = dep.settings()
+    donor = settings["prefill"]["nodes"][-1]
+    dep.fleet.power_off(lost)
+    t0 = time.monotonic()
+    proposed = dep.cli("replan", "--without", lost, "--write", timeout=600)
+    replan_s = time.monotonic() - t0
+    assert proposed.returncode == 0, (proposed.stdout[-4000:], proposed.stderr[-3000:])
+    assert f"{donor} (prefill-" in proposed.stdout and f"joins the decode group in {lost}'s place" in proposed.stdout
+    t1 = time.monotonic()
+    done = dep.cli("forget-node", lost, "--backup-dir", str(dep.workdir / "backups"), timeout=1200)
+    forget_s = time.monotonic() - t1
+    assert done.returncode == 0, (done.stdout[-6000:], done.stderr[-3000:])
+    report = dep.wait_serving(timeout=300)
+    serving_s = time.monotonic() - t0
+    decode = [r for r in report["ranks"] if r["role"] == "decode"]
+    assert decode and all(r["ok"] for r in decode) and any(r["node"] == donor for r in decode), decode
+    assert not any(r["node"] == donor for r in report["ranks"] if r["role"] == "prefill")
+    clean = dep.project.preview(expect_no_changes=True)
+    assert clean.ok, clean.stdout[-6000:]
+    FIGURES["node-lost-no-spare"] = {"replan_s": round(replan_s, 1), "forget_node_s": round(forget_s, 1),
+                                     "serving_again_s": round(serving_s, 1)}
 
 
 def worker_pids(dep: rc.RealCluster, node: str) -> set[str]:
