@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from .config import PROJECT
 from .errors import ConfigError
-from .loader import cli_config_map, load_config
+from .loader import _decode, cli_config_map, load_config
 from .plan import Plan, build_plan
 
 ROLES = ("prefill", "decode")
@@ -73,14 +73,8 @@ class Outcome:
 
 
 def _settings(raw: dict[str, str]) -> dict[str, Any]:
-    """The CLI's flat map (strings, objects as JSON) as Python values."""
-    out = {}
-    for k, v in raw.items():
-        try:
-            out[k] = json.loads(v)
-        except (TypeError, ValueError):
-            out[k] = v
-    return out
+    """The CLI's flat map (strings, objects as JSON) as Python values, decoded as the loader decodes it."""
+    return {k: _decode(v) for k, v in raw.items()}
 
 
 def _instances(role: dict[str, Any]) -> list[list[str]]:
