@@ -613,8 +613,10 @@ def test_eight_nodes_timing(eight, capsys):
     t0 = time.monotonic()
     rep = collect_status(plan)  # default timeouts, with the smoke completion
     up = time.monotonic() - t0
-    assert rep.ok, rep.problems
-    assert up < 5, up
+    assert rep.ok, rep.problems  # no request reached its deadline
+    # One poll's documented bound (all requests at once). Idle this takes about 1 s; a fixed 5 s bound
+    # failed once (5.27 s) on a CI machine loaded by the other half of the suite.
+    assert up < Timeouts().bound_s, up
 
     d3 = [r for r in plan.ranks if r.node == "d3"]
     for r in d3:
