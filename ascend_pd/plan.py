@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional
 
 from .config import KV_POOL_BACKEND, Role, StackConfig, node_image
@@ -177,15 +178,26 @@ class Plan:
     # and the program under `pulumi preview`; vllmAscend.strict makes them errors instead.
     warnings: tuple[Problem, ...] = ()
 
-    @property
+    @cached_property
     def ranks(self) -> tuple[Rank, ...]:
         return tuple(r for i in self.instances for r in i.ranks)
 
     def node(self, name: str) -> NodePlan:
-        return next(n for n in self.nodes if n.name == name)
+        return self._by_name[name]
 
     def worker(self, node: str) -> WorkerPlan:
-        return next(w for w in self.workers if w.node == node)
+        return self._workers_by_node[node]
+
+    # Lookups by name: every component, script and check asks by name, so a scan per question made
+    # rendering a 256-node stack quadratic. Frozen dataclass: cached_property writes the instance's
+    # __dict__ directly, and equality still compares the fields only.
+    @cached_property
+    def _by_name(self) -> dict[str, NodePlan]:
+        return {n.name: n for n in self.nodes}
+
+    @cached_property
+    def _workers_by_node(self) -> dict[str, WorkerPlan]:
+        return {w.node: w for w in self.workers}
 
     @property
     def spares(self) -> tuple[str, ...]:

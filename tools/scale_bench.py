@@ -89,8 +89,12 @@ def measure(step: str, nodes: int) -> dict:
     else:
         raise SystemExit(f"unknown step {step!r}: {', '.join(STEPS)}")
     seconds = time.monotonic() - t0
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"step": step, "nodes": nodes, "seconds": round(seconds, 2),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "found": found}
+            "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 2),
+            # `diff` captures the two sides in forked children: the largest of them, beside this process
+            "peak_rss_mb": round(own.ru_maxrss / 1024, 1), "child_peak_rss_mb": round(children.ru_maxrss / 1024, 1),
+            "found": found}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             r = rows[-1]
-            print(f"{r['nodes']:>5} nodes  {r['step']:<7} {r['seconds']:>7.2f} s  {r['peak_rss_mb']:>7.1f} MB  {r['found']}",
-                  flush=True)
+            children = f" (+ {r['child_peak_rss_mb']:.1f} MB per child)" if r["child_peak_rss_mb"] else ""
+            print(f"{r['nodes']:>5} nodes  {r['step']:<7} {r['seconds']:>7.2f} s  cpu {r['cpu_s']:>7.2f} s  "
+                  f"{r['peak_rss_mb']:>7.1f} MB{children}  {r['found']}", flush=True)
     return 0
 
 

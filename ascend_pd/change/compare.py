@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .. import forked
 from ..engine.capture import COMMAND, Graph, capture, plain
 from ..engine.model import CREATE, DELETE, DELETE_REPLACED, REPLACE, UPDATE, Step, plan_up
 from ..engine.preview import EnginePreview, disagreements, model_verdicts, resource_key
 from ..errors import ConfigError, Problem, Source
 from ..loader import load_config
 from ..plan import Plan, build_plan
-from .effect import Effect, analyse, node_of, scripts_by_resource
+from .effect import Effect, analyse, node_of
 from .scriptdiff import collapse, drop_fingerprints, fold_repeats, library_changes, library_texts, unified
 from .sources import Side
 
@@ -80,11 +82,29 @@ def graph_of(stack: str, config: dict[str, str], secrets: Optional[dict[str, str
     """The graph of `config`; `secrets` (key -> a stand-in for the encrypted value, the same for the
     same ciphertext) are passed as the CLI passes secrets, so an added, removed or re-encrypted
     secret changes the inputs that carry it (every Command's connection for `sshPrivateKey`)."""
-    secrets = dict(secrets or {})
-    key = json.dumps([stack, sorted(config.items()), sorted(secrets.items())])
-    if key not in _GRAPHS:
-        _GRAPHS[key] = capture({**config, **secrets}, stack=stack, secret_keys=list(secrets))
-    return _GRAPHS[key]
+    return graphs_of(stack, [(config, secrets)])[0]
+
+
+def graphs_of(stack: str, sides: list[tuple[dict[str, str], Optional[dict[str, str]]]]) -> list[Graph]:
+    """graph_of of each (config, secrets). Those not captured yet are captured at once, each in a
+    process forked for it, when there are two and a second core: the program under the mocks is
+    single-threaded Python (asyncio), so two sides take the time of one; the SDK's per-run objects
+    go with the child, and only the registrations come back."""
+    keyed = []
+    for config, secrets in sides:
+        secrets = dict(secrets or {})
+        keyed.append((json.dumps([stack, sorted(config.items()), sorted(secrets.items())]), config, secrets))
+    todo = {key: (config, secrets) for key, config, secrets in keyed if key not in _GRAPHS}
+    if len(todo) > 1 and (os.cpu_count() or 1) > 1 and hasattr(os, "fork"):
+        _GRAPHS.update(forked.run_all({key: (_capture, (stack, config, secrets)) for key, (config, secrets) in todo.items()}))
+    for key, (config, secrets) in todo.items():
+        if key not in _GRAPHS:  # one side, one core, or a child that failed: here, where its error is raised
+            _GRAPHS[key] = _capture(stack, config, secrets)
+    return [_GRAPHS[key] for key, _, _ in keyed]
+
+
+def _capture(stack: str, config: dict[str, str], secrets: dict[str, str]) -> Graph:
+    return capture({**config, **secrets}, stack=stack, secret_keys=list(secrets))
 
 
 def plan_of(stack: str, config: dict[str, str], source: Optional[Source] = None) -> Plan:
@@ -187,11 +207,12 @@ def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] =
             old_plan = plan_of(stack, base.config)
         except ConfigError as exc:
             change.base_problem = exc
-        else:
-            progress(f"rendering the base ({base.label}) under Pulumi mocks")
-            old_graph = graph_of(stack, base.config, base.secrets)
-    progress("rendering the working tree under Pulumi mocks")
-    new_graph = graph_of(stack, new.config or {}, new.secrets)
+    if old_plan is not None:
+        progress(f"rendering the base ({base.label}) and the working tree under Pulumi mocks")
+        old_graph, new_graph = graphs_of(stack, [(base.config or {}, base.secrets), (new.config or {}, new.secrets)])
+    else:
+        progress("rendering the working tree under Pulumi mocks")
+        new_graph = graph_of(stack, new.config or {}, new.secrets)
     change.resources = len(new_graph.regs)
     change.parallel = new_plan.up_parallelism
     if engine is not None:
@@ -204,8 +225,7 @@ def compare(stack: str, base: Side, new: Side, progress: Callable[[str], None] =
     change.effect = effect
     if old_graph is not None:
         effect.notes[:0] = _secret_notes(base, new)
-    old_scripts = scripts_by_resource(old_plan, old_graph)
-    new_scripts = scripts_by_resource(new_plan, new_graph)
+    old_scripts, new_scripts = effect.old_scripts, effect.new_scripts
     timing = effect.timing
     acting = [i for i, s in enumerate(steps) if s.acts]
     # Registration order varies from run to run (outputs resolve asynchronously): ties go by name,

@@ -92,17 +92,20 @@ class Effect:
     fails_short: list[str] = field(default_factory=list)  # the same, for the report's first line
     endpoint: Optional[tuple[str, str]] = None  # (old, new) `proxyUrl` when the clients' endpoint moves
     mixed_models: bool = False  # `model.path` changes while a role keeps serving: old and new models meet
+    # Each side's Commands -> the Script each runs (scripts_by_resource), for the report's nodes and diffs.
+    old_scripts: dict[str, Script] = field(default_factory=dict)
+    new_scripts: dict[str, Script] = field(default_factory=dict)
 
 
 def scripts_by_resource(plan: Optional[Plan], graph: Optional[Graph]) -> dict[str, Script]:
     """Each Command of `graph` -> the Script it runs (found by its create text in the Command's)."""
     if plan is None or graph is None:
         return {}
-    names = sorted((n.name for n in plan.nodes), key=len, reverse=True)
+    names = {n.name for n in plan.nodes}
     by_node = {n: node_scripts(plan, n) for n in names}
     out = {}
     for reg in graph.of_type(COMMAND):
-        node = next((n for n in names if reg.name.startswith(n + "-")), None)
+        node = _named_node(reg.name, names)
         create = str(plain(reg.inputs.get("create", "")))
         for script in by_node.get(node, ()):
             if script.create in create:
@@ -115,8 +118,14 @@ def node_of(step: Step, scripts: Mapping[str, Script], plan: Optional[Plan]) -> 
     script = scripts.get(step.name)
     if script is not None:
         return script.node
-    names = sorted((n.name for n in plan.nodes), key=len, reverse=True) if plan else []
-    return next((n for n in names if step.name.startswith(n + "-")), "")
+    return (_named_node(step.name, {n.name for n in plan.nodes}) if plan else None) or ""
+
+
+def _named_node(resource: str, nodes: set[str]) -> Optional[str]:
+    """The longest node name `resource` starts with (`<node>-...`; node names may hold '-'): its
+    prefixes tried from the longest down, a set lookup each, not a scan of every node per resource."""
+    parts = resource.split("-")
+    return next((p for p in ("-".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)) if p in nodes), None)
 
 
 def _events(steps: Sequence[Step], old: Mapping[str, Script], new: Mapping[str, Script],
@@ -462,7 +471,7 @@ def analyse(steps: Sequence[Step], old_plan: Optional[Plan], new_plan: Plan, old
     if conflicts:
         up_s = min(timing.started_s[i] for i, _, _ in conflicts)
     return Effect(processes, roles, notes, timing, up_s, fails, tuple(all_steps[i].name for i, _, _ in conflicts),
-                  [short for _, short, _ in conflicts], endpoint, mixed)
+                  [short for _, short, _ in conflicts], endpoint, mixed, old, new)
 
 
 __all__ = ["Process", "RoleEffect", "Effect", "analyse", "scripts_by_resource", "node_of",

@@ -11,7 +11,6 @@ from ascend_pd.plan import NodePlan, WorkerPlan
 from ascend_pd.shell import Script
 
 from .etcd_single import EtcdSingle
-from .host_firewall import HostFirewall
 from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .transport import container_command
@@ -43,7 +42,7 @@ class YuanrongWorker(pulumi.ComponentResource):
         etcd: EtcdSingle,
         hugepages: Optional[HugepageHost],
         script: Script,
-        firewalls: Sequence[HostFirewall] = (),
+        every_firewall: Sequence[pulumi.Input[pulumi.Resource]] = (),
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("ascend-pd:index:YuanrongWorker", name, None, opts)
@@ -55,7 +54,7 @@ class YuanrongWorker(pulumi.ComponentResource):
             after.append(hugepages.command)
         # It reconciles with every other worker at start: every node's firewall must name this node's
         # address first (a readdressed node's worker failed with "Success num: 0" before this).
-        after += [f.command for f in firewalls]
+        after += every_firewall
         # A replaced etcd starts empty (its delete removes the data dir): every worker's registration
         # is gone, and a worker left running never registers again. Following etcd's id, each worker's
         # create runs again after a replacement, finds itself unregistered and restarts into the new

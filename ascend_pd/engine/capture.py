@@ -13,6 +13,7 @@ Used by the tests, by the engine model's change scenarios and by `python -m asce
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -96,6 +97,7 @@ def mock_image_id(reference: str) -> str:
     return "sha256:" + hashlib.sha256(reference.encode()).hexdigest()
 
 
+@functools.cache  # `plain` asks for it per value: tens of thousands of import statements at 256 nodes
 def _pulumi():
     """The SDK, imported late: the plan layer and `render` must not need it."""
     import pulumi
@@ -125,7 +127,11 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
      ensure_loop) = _pulumi()
 
     class _Mocks(Mocks):
+        def __init__(self) -> None:
+            self.inputs: dict[tuple[str, str], dict] = {}  # (type, name) -> the inputs the monitor deserialized
+
         def new_resource(self, args: MockResourceArgs):
+            self.inputs[args.typ, args.name] = args.inputs
             outs = dict(args.inputs)
             if args.typ == IMAGE:
                 # What docker reports: the image's content id, the same for the same reference.
@@ -136,7 +142,7 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
             return {}
 
     class _Recorder(MockMonitor):
-        def __init__(self, mocks) -> None:
+        def __init__(self, mocks: _Mocks) -> None:
             super().__init__(mocks)
             self.regs: list[Reg] = []
 
@@ -156,7 +162,9 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
                     delete_before_replace=bool(request.deleteBeforeReplace),
                     delete_before_replace_defined=bool(request.deleteBeforeReplaceDefined),
                     replace_on_changes=tuple(request.replaceOnChanges),
-                    inputs=rpc.deserialize_properties(request.object),
+                    # As the mock monitor deserialized them for new_resource: a second pass over every
+                    # script's text cost a tenth of a 256-node capture.
+                    inputs=self.mocks.inputs.pop((request.type, request.name)),
                     custom=bool(request.custom),
                     property_dependencies={k: frozenset(v.urns) for k, v in request.propertyDependencies.items()},
                     aliases=tuple(a.spec.name for a in request.aliases if a.HasField("spec") and a.spec.name),
@@ -180,6 +188,14 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
     ensure_loop()  # set_mocks registers the root Stack: a caller's asyncio.run() may have left no loop
     set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor, logger=logger)
     error: Optional[BaseException] = None
+    # The SDK walks the Python stack at every registration for the engine's source positions (a tenth
+    # of a 256-node capture); a Reg keeps none of them, so the mock run skips the walk. The real
+    # engine's runs keep it.
+    from pulumi.runtime import resource as sdk_resource
+    from pulumi.runtime.proto import source_pb2
+
+    stack_trace = sdk_resource._get_stack_trace
+    sdk_resource._get_stack_trace = source_pb2.StackTrace
     try:
         from ascend_pd.program import main as program_main
 
@@ -188,6 +204,8 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
         if not expect_error:
             raise
         error = exc
+    finally:
+        sdk_resource._get_stack_trace = stack_trace
     if expect_error and error is None:
         raise AssertionError("the program ran without error")
     return Graph(regs=list(monitor.regs), error=error, warnings=warnings)
