@@ -30,15 +30,15 @@ def run_all(calls: dict[Hashable, tuple[Callable[..., Any], tuple]]) -> dict[Has
             pending[key] = (pid, os.fdopen(fd, "rb"))
         for key in list(pending):
             pid, pipe = pending[key]
-            data = pipe.read()  # to EOF: the child wrote all of it and exited, or died
+            try:  # streamed, as the child writes it: no second copy of the whole answer in memory
+                result, ok = pickle.load(pipe), True
+            except Exception:  # noqa: BLE001 - a child that failed or died mid-answer: the caller runs it
+                result, ok = None, False
             _, status = os.waitpid(pid, 0)
             pipe.close()
             del pending[key]
-            if os.waitstatus_to_exitcode(status) == 0 and data:
-                try:
-                    results[key] = pickle.loads(data)
-                except Exception:  # noqa: BLE001 - a truncated answer: the caller runs it itself
-                    pass
+            if ok and os.waitstatus_to_exitcode(status) == 0:
+                results[key] = result
     finally:
         for pid, pipe in pending.values():  # interrupted (Ctrl-C): no child outlives the caller
             with contextlib.suppress(OSError):
@@ -62,9 +62,9 @@ def _start(fn: Callable[..., Any], args: tuple) -> tuple[int, int]:
         os.close(read)
         # A loop of its own: the parent's loop (if any) shares its epoll descriptor with this process.
         asyncio.set_event_loop(asyncio.new_event_loop())
-        data = pickle.dumps(fn(*args), protocol=pickle.HIGHEST_PROTOCOL)
+        result = fn(*args)
         with os.fdopen(write, "wb") as pipe:
-            pipe.write(data)
+            pickle.dump(result, pipe, protocol=pickle.HIGHEST_PROTOCOL)
         code = 0
     except BaseException:  # noqa: BLE001 - reported as a failure: the parent runs the call itself
         pass

@@ -193,7 +193,7 @@ def test_per_node_start_order(stack):
         assert not run.waits_for(run.named(f"{n.name}-image"), run.named(f"{n.name}-firewall"))
         # A container waits for its own node's firewall only; the worker, the first thing that talks to
         # peers, waits for every node's (each names this node's address), each a direct dependency of its
-        # registration, with the one `after_all` entry the program gives every worker.
+        # registration, with the one `AllOf` entry the program gives every worker.
         for other in plan.nodes:
             if other.name != n.name:
                 assert not run.waits_for(container, run.named(f"{other.name}-firewall")), (n.name, other.name)

@@ -47,7 +47,7 @@ from .npu_container import NpuContainer
 from .pd_proxy import PdProxy
 from .preflight import NodePreflight
 from .prometheus_server import PrometheusServer
-from .transport import after_all, connection, container_command
+from .transport import AllOf, connection, container_command
 from .values import rank_rows, smoke_test
 from .vllm_dp_group import VllmDpGroup
 from .yuanrong_worker import YuanrongWorker
@@ -130,7 +130,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None, *,
     etcd = EtcdSingle("etcd", etcd=plan.etcd, node=nodes[plan.etcd.node], npu=npus[plan.etcd.node],
                       script=scripts.etcd(plan))
 
-    every_firewall = after_all([f.command for f in firewalls.values()])
+    every_firewall = AllOf(list(firewalls.values()), lambda f: f.command)
     workers = {
         node.name: YuanrongWorker(
             f"{node.name}-yuanrong",
@@ -140,7 +140,7 @@ def deploy(plan: Plan, private_key: Optional[pulumi.Input[str]] = None, *,
             npu=npus[node.name],
             etcd=etcd,
             hugepages=hugepages.get(node.name),
-            every_firewall=every_firewall,
+            firewalls=every_firewall,
             script=scripts.worker(plan, node.name),
         )
         for node in plan.nodes

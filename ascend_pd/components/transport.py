@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Generic, Optional, Sequence, TypeVar
 
 import pulumi
 from pulumi_command import remote
@@ -24,6 +24,8 @@ from pulumi_command import remote
 from ascend_pd.config import Ssh
 from ascend_pd.plan import NodePlan
 from ascend_pd.shell import Locks, Script, in_container, on_host, q
+
+R = TypeVar("R")
 
 
 def connection(*, ssh: Ssh, node: NodePlan, private_key: Optional[pulumi.Input[str]]) -> remote.ConnectionArgs:
@@ -55,16 +57,17 @@ class ContainerTarget:
     locks: Locks
 
 
-def after_all(resources: Sequence[pulumi.Resource]) -> list[pulumi.Input[pulumi.Resource]]:
-    """One `depends_on` entry that waits for every one of `resources`, to be built once and given to
-    many dependents: an Output whose dependencies are all of them and whose value is None, which the
-    SDK reads as those dependencies and no resource of its own. The engine receives the same URNs as
-    from the list itself (tests/test_graph.py holds it); listed to each of N dependents, the SDK
+class AllOf(Generic[R]):
+    """Many resources as one `depends_on` entry (`entry`), built once and given to many dependents: an
+    Output whose dependencies are the resources `pick` finds in each and whose value is None, which
+    the SDK reads as those dependencies and no resource of its own. The engine receives the same URNs
+    as from the list itself (tests/test_graph.py holds it); listed to each of N dependents, the SDK
     resolved N x N entries one by one (every node's worker after every node's firewall: a tenth of
     a 256-node program's run)."""
-    if not resources:
-        return []
-    return [pulumi.Output.all(*(r.urn for r in resources)).apply(lambda _: None)]
+
+    def __init__(self, items: Sequence[R] = (), pick: Callable[[R], pulumi.Resource] = lambda r: r) -> None:
+        self.entry: list[pulumi.Input[pulumi.Resource]] = (
+            [pulumi.Output.all(*(pick(i).urn for i in items)).apply(lambda _: None)] if items else [])
 
 
 def _aliases(names: Sequence[str]) -> list[pulumi.Alias]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import pulumi
 from pulumi_command import remote
@@ -12,8 +12,9 @@ from ascend_pd.shell import Script
 
 from .etcd_single import EtcdSingle
 from .hugepage_host import HugepageHost
+from .host_firewall import HostFirewall
 from .npu_container import NpuContainer
-from .transport import container_command
+from .transport import AllOf, container_command
 
 
 class YuanrongWorker(pulumi.ComponentResource):
@@ -42,7 +43,7 @@ class YuanrongWorker(pulumi.ComponentResource):
         etcd: EtcdSingle,
         hugepages: Optional[HugepageHost],
         script: Script,
-        every_firewall: Sequence[pulumi.Input[pulumi.Resource]] = (),
+        firewalls: AllOf[HostFirewall] = AllOf(),
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("ascend-pd:index:YuanrongWorker", name, None, opts)
@@ -54,7 +55,7 @@ class YuanrongWorker(pulumi.ComponentResource):
             after.append(hugepages.command)
         # It reconciles with every other worker at start: every node's firewall must name this node's
         # address first (a readdressed node's worker failed with "Success num: 0" before this).
-        after += every_firewall
+        after += firewalls.entry
         # A replaced etcd starts empty (its delete removes the data dir): every worker's registration
         # is gone, and a worker left running never registers again. Following etcd's id, each worker's
         # create runs again after a replacement, finds itself unregistered and restarts into the new
