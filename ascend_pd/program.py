@@ -11,6 +11,7 @@ built, exactly as `render` and `diff` see them, and their values go to the nodes
 the stdin of the Commands that write them beside the scripts.
 """
 
+import gc
 import json
 import os
 import signal
@@ -85,6 +86,17 @@ def exit_quietly_when_cancelled() -> None:
         os._exit(1)
 
     signal.signal(signal.SIGINT, stop)
+
+
+def without_full_collections() -> tuple[int, int, int]:
+    """Keep the garbage collector's full collections out of the program's run; returns the thresholds
+    to put back. Each full collection traverses every live object of the run (millions of Outputs,
+    futures and tasks at 256 nodes): under the mocks, 15 of them took 40% of a 256-node run and found
+    0.1% of its garbage. The young generations' collections still reclaim the run's cycles (the same
+    peak RSS, measured)."""
+    before = gc.get_threshold()
+    gc.set_threshold(before[0], before[1], max(before[2], 1000))
+    return before
 
 
 def main(*, model: bool = False) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from pathlib import Path
 
 STACK = "a2-8node"
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("render", "diff", "status")
+STEPS = ("render", "diff", "preview", "status")
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchBenchBenchBenchBenchBenchBenchBench01"
 
 
@@ -80,6 +81,8 @@ def measure(step: str, nodes: int) -> dict:
         p = roles["prefill"]
         found = (f"{len(change.steps)} steps; prefill: {len(p.restarting)} instances, {p.max_unavailable} at a time, "
                  f"{p.duration_s / 60:.0f} min")
+    elif step == "preview":
+        return _preview(nodes)
     elif step == "status":
         from ascend_pd.status import Timeouts, collect_status
 
@@ -95,6 +98,60 @@ def measure(step: str, nodes: int) -> dict:
             # `diff` captures the two sides in forked children: the largest of them, beside this process
             "peak_rss_mb": round(own.ru_maxrss / 1024, 1), "child_peak_rss_mb": round(children.ru_maxrss / 1024, 1),
             "found": found}
+
+
+# The program as the language host runs it, timed from the interpreter's start to its exit (after the
+# SDK has sent the last registration and waited for every answer): the program's own share.
+TIMED_MAIN = """import atexit, json, os, time
+_t0 = time.time()
+atexit.register(lambda: open(os.environ["APD_BENCH_TIMES"], "w").write(json.dumps([_t0, time.time()])))
+exec(compile(open(os.environ["APD_BENCH_MAIN"]).read(), "__main__.py", "exec"))
+"""
+
+
+def _preview(nodes: int) -> dict:
+    """A real `pulumi preview` of the generated stack (local backend, no node is reached: Commands and
+    the docker resources only diff at preview), timed whole and for the program's share."""
+    import shutil
+    import tempfile
+
+    import yaml
+
+    cli = shutil.which("pulumi") or str(Path.home() / ".cache/ascend-pd/pulumi-toolchain/bin/pulumi")
+    if not Path(cli).exists():
+        raise SystemExit("preview: no pulumi CLI (bash setup.sh builds one)")
+    work = Path(tempfile.mkdtemp(prefix="apd-bench-"))
+    try:
+        (work / "state").mkdir()
+        (work / "Pulumi.yaml").write_text(yaml.safe_dump({
+            "name": "ascend-pd", "runtime": {"name": "python", "options": {"virtualenv": str(ROOT / "venv")}}}))
+        (work / "__main__.py").write_text(TIMED_MAIN)
+        config = {k: json.loads(v) if v[:1] in "[{" else v for k, v in generated(nodes).items()}
+        (work / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": config}, width=1000))
+        times = work / "times.json"
+        env = {**os.environ, "PULUMI_BACKEND_URL": f"file://{work / 'state'}", "PULUMI_CONFIG_PASSPHRASE": "bench",
+               "PULUMI_SKIP_UPDATE_CHECK": "true", "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+               "PYTHONPATH": str(ROOT), "APD_BENCH_MAIN": str(ROOT / "__main__.py"), "APD_BENCH_TIMES": str(times),
+               "PATH": os.pathsep.join([str(Path(cli).parent), os.environ.get("PATH", "")])}
+        subprocess.run([cli, "stack", "init", STACK, "--non-interactive"], cwd=work, env=env, check=True,
+                       capture_output=True)
+        subprocess.run([cli, "config", "set", "--secret", "--stack", STACK, "ascend-pd:proxyApiKey", "bench-key"],
+                       cwd=work, env=env, check=True, capture_output=True)  # proxy.auth is on by default
+        t0 = time.time()
+        done = subprocess.run([cli, "preview", "--non-interactive", "--stack", STACK], cwd=work, env=env,
+                              capture_output=True, text=True)
+        total = time.time() - t0
+        if done.returncode != 0:
+            raise SystemExit(f"preview failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
+        start, end = json.loads(times.read_text())
+        creates = next((line.strip() for line in done.stdout.splitlines() if "to create" in line), "?")
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {"step": "preview", "nodes": nodes, "seconds": round(total, 2),
+                "cpu_s": round(children.ru_utime + children.ru_stime, 2),
+                "peak_rss_mb": 0.0, "child_peak_rss_mb": round(children.ru_maxrss / 1024, 1),
+                "found": f"{creates}; the program: {end - start:.1f} s of it"}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ Used by the tests, by the engine model's change scenarios and by `python -m asce
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -202,9 +203,10 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
 
     stack_trace = sdk_resource._get_stack_trace
     sdk_resource._get_stack_trace = source_pb2.StackTrace
-    try:
-        from ascend_pd.program import main as program_main
+    from ascend_pd.program import main as program_main, without_full_collections
 
+    thresholds = without_full_collections()  # as __main__.py runs it under the engine
+    try:
         pulumi.runtime.test(lambda: program_main(model=model))()
     except Exception as exc:  # noqa: BLE001 - reported to the caller
         if not expect_error:
@@ -212,6 +214,7 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
         error = exc
     finally:
         sdk_resource._get_stack_trace = stack_trace
+        gc.set_threshold(*thresholds)
     if expect_error and error is None:
         raise AssertionError("the program ran without error")
     return Graph(regs=list(monitor.regs), error=error, warnings=warnings)
