@@ -11,10 +11,12 @@ own):
 - render: the plan and every node's scripts;
 - diff: one prefill flag changed (both sides' graphs under the SDK's mocks, the engine model, the
   effect), and the rollout it estimates: waves of `rollout.maxUnavailable` per role;
+- preview: a real `pulumi preview` (local backend; needs the CLI `setup.sh` builds), whole and the
+  program's share of it (wall and CPU);
 - status: one poll of every rank, worker, etcd and the proxy, no smoke.
 
   venv/bin/python -m tools.scale_bench                    # 64 and 256 nodes
-  venv/bin/python -m tools.scale_bench --nodes 16 64 --skip status
+  venv/bin/python -m tools.scale_bench --nodes 16 64 --skip status --skip preview
 """
 
 from __future__ import annotations
@@ -101,10 +103,12 @@ def measure(step: str, nodes: int) -> dict:
 
 
 # The program as the language host runs it, timed from the interpreter's start to its exit (after the
-# SDK has sent the last registration and waited for every answer): the program's own share.
+# SDK has sent the last registration and waited for every answer), and its own CPU time: the program's
+# share of the preview (the rest of the wall time is the CLI's start and the engine's end; the
+# engine and the providers run beside the program, on the same cores).
 TIMED_MAIN = """import atexit, json, os, time
 _t0 = time.time()
-atexit.register(lambda: open(os.environ["APD_BENCH_TIMES"], "w").write(json.dumps([_t0, time.time()])))
+atexit.register(lambda: open(os.environ["APD_BENCH_TIMES"], "w").write(json.dumps([_t0, time.time(), time.process_time()])))
 exec(compile(open(os.environ["APD_BENCH_MAIN"]).read(), "__main__.py", "exec"))
 """
 
@@ -143,13 +147,13 @@ def _preview(nodes: int) -> dict:
         total = time.time() - t0
         if done.returncode != 0:
             raise SystemExit(f"preview failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
-        start, end = json.loads(times.read_text())
+        start, end, cpu = json.loads(times.read_text())
         creates = next((line.strip() for line in done.stdout.splitlines() if "to create" in line), "?")
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         return {"step": "preview", "nodes": nodes, "seconds": round(total, 2),
                 "cpu_s": round(children.ru_utime + children.ru_stime, 2),
                 "peak_rss_mb": 0.0, "child_peak_rss_mb": round(children.ru_maxrss / 1024, 1),
-                "found": f"{creates}; the program: {end - start:.1f} s of it"}
+                "found": f"{creates}; the program: {end - start:.1f} s of it, {cpu:.1f} s CPU"}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
