@@ -62,7 +62,11 @@ WORKER_PORT = 18581
 # The config model's floor (ascend-pd:yuanrong.sharedMemoryMb >= 64); the worker itself starts with
 # 1 MiB, and 64 MiB holds the suite's values many times over.
 SHARED_MEMORY_MB = 64
-SCRIPT_TIMEOUT_S = 240  # no single script may take longer than this in the suite
+# No single script may take longer than this in the suite. A replaced launch's delete waits for a
+# restart slot while the instances before it roll: the fourth of four prefill instances at
+# maxUnavailable 1 waited 240 s on a CI machine whose other half ran the hostile sweep (the whole
+# rollout then took 252 s, 130 s when quieter), so the bound is a hang guard, not a deadline.
+SCRIPT_TIMEOUT_S = 600
 # The release's proxy imports fastapi/uvicorn (and httpx) before it listens: 1-2 s on a quiet machine,
 # 5-7 s measured on this loaded one, over 30 s at a load average of 400: the deadline leaves room for that.
 PROXY_READY_TIMEOUT_S = 120
