@@ -375,7 +375,7 @@ def converged(dep: Deployment, *, timeout: float = 30) -> None:
             if address.startswith(harness.ADDRESS_PREFIX):
                 problems.append(f"unplanned worker {address}: {workers[address]}")
         etcds = [p for p in harness.processes_matching([harness.ETCD_BINARY, "--name", "etcd-single"])
-                 if harness.cmdline(p)[0] == harness.ETCD_BINARY]
+                 if harness.cmdline(p)[:1] == [harness.ETCD_BINARY]]  # [] once it has exited
         if len(etcds) != 1:
             problems.append(f"{len(etcds)} etcd processes")
         else:

@@ -615,8 +615,14 @@ def etcd_keys(c: Cluster, prefix: str) -> list[str]:
 def worker_pids(address: str) -> list[int]:
     """Live datasystem_worker processes serving exactly `address`."""
     flag = f"--worker_address={address}"
-    return [p for p in processes_matching(["datasystem_worker", flag])
-            if flag in cmdline(p) and cmdline(p)[0].endswith("datasystem_worker")]
+    out = []
+    for pid in processes_matching(["datasystem_worker", flag]):
+        # Read once: a worker that exits between two reads (killed while starting) leaves an empty
+        # command line, and a second read's [0] raised IndexError (a CI failure).
+        args = cmdline(pid)
+        if flag in args and args[0].endswith("datasystem_worker"):
+            out.append(pid)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
