@@ -11,8 +11,8 @@ from ascend_pd.plan import NodePlan, WorkerPlan
 from ascend_pd.shell import Script
 
 from .etcd_single import EtcdSingle
-from .hugepage_host import HugepageHost
 from .host_firewall import HostFirewall
+from .hugepage_host import HugepageHost
 from .npu_container import NpuContainer
 from .transport import AllOf, container_command
 

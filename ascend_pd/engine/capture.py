@@ -201,12 +201,12 @@ def capture(config: dict[str, str], *, stack: str, secret_keys: Iterable[str] = 
     from pulumi.runtime import resource as sdk_resource
     from pulumi.runtime.proto import source_pb2
 
-    stack_trace = sdk_resource._get_stack_trace
-    sdk_resource._get_stack_trace = source_pb2.StackTrace
     from ascend_pd.program import main as program_main, without_full_collections
 
+    stack_trace = sdk_resource._get_stack_trace
+    sdk_resource._get_stack_trace = source_pb2.StackTrace
     thresholds = without_full_collections()  # as __main__.py runs it under the engine
-    try:
+    try:  # both put back whatever happens: `diff` and the tests capture in their own process
         pulumi.runtime.test(lambda: program_main(model=model))()
     except Exception as exc:  # noqa: BLE001 - reported to the caller
         if not expect_error:
