@@ -63,6 +63,9 @@ DEFAULT_DEVICES = ("/dev/davinci_manager", "/dev/hisi_hdc", "/dev/devmm_svm")
 # 40 x 15 s rides out a server reboot (BMC POST on these machines takes minutes).
 DEFAULT_DIAL_ERROR_LIMIT = 40
 DEFAULT_PER_DIAL_TIMEOUT_S = 15
+# A node's retransmissions to a silent peer: 8 gives up after about 100 s with the kernel's 200 ms
+# minimum RTO (RFC 1122 asks for at least 100 s), where the default 15 holds on for about 15 minutes.
+DEFAULT_TCP_RETRIES2 = 8
 # Minimum CANN and driver (HDK) releases per profile, from the seeds: seed 000 (A2) CANN >= 8.5.0,
 # HDK >= 25.2.3, and HDK >= 25.5.0 when RH2D is on; seed 003 (A3) CANN >= 8.5.0, HDK >= 25.5.0.
 MIN_CANN = {"atlas-800i-a2": "8.5.0", "atlas-800-a3": "8.5.0"}
@@ -442,6 +445,13 @@ class Firewall(_Model):
         "the cluster's nodes only, whoever reaches the port."))
     table: Annotated[Text, Field(pattern=r"^[a-z][a-z0-9_]{0,30}$")] = Field("ascend_pd", description=(
         "Name of the `inet` table ascend-pd owns on every node; the operator's and docker's tables are untouched."))
+    tcp_retries2: Optional[int] = Field(DEFAULT_TCP_RETRIES2, strict=True, ge=5, le=15, description=(
+        "`net.ipv4.tcp_retries2` on every node's host, set with the table (kept in `/etc/sysctl.d`; destroy, or "
+        "`null`, puts back the node's own value): how often the node retransmits to a peer that stopped "
+        "acknowledging before it drops the connection. It bounds a `pulumi up` step whose node goes silent: "
+        "pulumi-command puts no deadline on an SSH session, and while the node retransmits its output the "
+        "session waits (the kernel's default 15: more than 15 minutes; 8: 206 s measured, docs/operations.md). "
+        "`null`: the node's value is left alone."))
 
 
 class Hang(_Model):

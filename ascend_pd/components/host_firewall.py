@@ -22,7 +22,8 @@ class HostFirewall(pulumi.ComponentResource):
     Runs: on the host: `nft -f` of one `inet` table: SSH from anywhere, every port from the cluster's
       nodes, the proxy's port from `firewall.clients`, the ports `status`, the exporter and Prometheus
       read from `firewall.operators`, replies to the node's own connections; everything else dropped
-      and counted. The operator's and docker's tables are untouched
+      and counted. The operator's and docker's tables are untouched; and `net.ipv4.tcp_retries2`
+      (`firewall.tcpRetries2`): how long a step over SSH may wait on the node once it goes silent
     """
 
     command: remote.Command

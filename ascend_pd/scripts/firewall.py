@@ -9,6 +9,9 @@ channels, the workers, etcd: the ports vLLM, torch and HCCL open at random among
 port from `firewall.clients`; the ports `status`, the exporter and Prometheus read
 (Plan.service_ports) from `firewall.operators`; replies to what the node itself opened. Everything
 else is dropped and counted.
+
+With the table, the same script sets the node's `net.ipv4.tcp_retries2` (ascend-pd:firewall.tcpRetries2):
+the bound on a `pulumi up` step whose node stops answering while the step runs (tcp_bound).
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from ..shell import RESERVED_PREFIX, Script, header, heredoc, one_line, params
 
 RULES_DELIMITER = RESERVED_PREFIX + "NFT"
 ANYONE = "0.0.0.0/0"
+# Where the script keeps the node's own tcp_retries2 (put back by delete, or when the setting becomes
+# null) and the sysctl file that makes the setting survive a reboot.
+TCP_RETRIES2 = "/proc/sys/net/ipv4/tcp_retries2"
+TCP_STATE_FILE = "/var/lib/ascend-pd/tcp_retries2.before"
+TCP_SYSCTL_FILE = "/etc/sysctl.d/90-ascend-pd-tcp.conf"
 # IPv6 neighbour discovery: the table drops other IPv6 from outside, but a host without it loses IPv6.
 ND_TYPES = "nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert"
 
@@ -57,9 +65,38 @@ def ruleset(plan: Plan, node: str) -> str:
             f"  chain input {{\n    type filter hook input priority filter - 5; policy accept;\n{body}  }}\n}}\n")
 
 
+def tcp_bound(plan: Plan, node: str, *, proc: str = TCP_RETRIES2, state_file: str = TCP_STATE_FILE,
+              sysctl_file: str = TCP_SYSCTL_FILE) -> tuple[str, str]:
+    """(create, delete) shell of the node's tcp_retries2. Why it bounds a silent node's step: the node
+    keeps retransmitting the step's output to Pulumi, each retransmission restarts the TCP keepalive of
+    pulumi-command's session, and the session waits until the node gives up (tcp_retries2); only then
+    does the keepalive end it (150 s later). sshd's ClientAliveInterval does not fire while the script
+    writes output (measured: no disconnect in 250 s with an interval of 5 s)."""
+    retries = plan.cfg.firewall.tcp_retries2
+    paths = params(tcp_proc=proc, tcp_state_file=state_file, tcp_sysctl_file=sysctl_file)
+    restore = """if [ -f "$tcp_state_file" ]; then
+  cat "$tcp_state_file" > "$tcp_proc"
+  echo "net.ipv4.tcp_retries2 back to $(cat "$tcp_state_file") on $node"
+  rm -f "$tcp_state_file"
+fi
+rm -f "$tcp_sysctl_file"
+"""
+    create = params(tcp_retries2="" if retries is None else retries) + paths + """if [ -n "$tcp_retries2" ]; then
+  mkdir -p "$(dirname "$tcp_state_file")" "$(dirname "$tcp_sysctl_file")"
+  # The node's own value, from before ascend-pd first changed it.
+  if [ ! -f "$tcp_state_file" ]; then cat "$tcp_proc" > "$tcp_state_file"; fi
+  echo "$tcp_retries2" > "$tcp_proc"
+  echo "net.ipv4.tcp_retries2 = $tcp_retries2" > "$tcp_sysctl_file"
+  echo "net.ipv4.tcp_retries2 = $(cat "$tcp_proc") on $node"
+else
+""" + "".join(f"  {line}\n" for line in restore.splitlines()) + "fi\n"
+    return create, paths + restore
+
+
 def firewall(plan: Plan, node: str) -> Script:
     table = plan.cfg.firewall.table
     top = header(plan.stack, node, f"host firewall (nftables table inet {table})") + params(node=node, table=table)
+    tcp_create, tcp_delete = tcp_bound(plan, node)
     fw = plan.cfg.firewall
     clients = f", the proxy from {'anyone' if ANYONE in fw.clients else ' '.join(fw.clients)}" if node == plan.proxy.node else ""
     operators = f", {len(plan.service_ports(node))} service ports from {' '.join(fw.operators)}" if fw.operators else ""
@@ -70,9 +107,9 @@ if ! command -v nft >/dev/null 2>&1; then
 fi
 nft -f - {heredoc(RULES_DELIMITER, ruleset(plan, node))}nft list table inet "$table" >/dev/null
 echo "firewall: table inet $table loaded on $node (SSH, the cluster's nodes{one_line(clients)}{one_line(operators)}; the rest dropped)"
-"""
+""" + tcp_create
     delete = top + """
 nft delete table inet "$table" 2>/dev/null || true
 echo "firewall: table inet $table removed on $node"
-"""
+""" + tcp_delete
     return Script("firewall", node, "host", create, delete, identity=(table,))

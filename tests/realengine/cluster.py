@@ -212,9 +212,12 @@ class RealCluster:
         ports = sorted({line.split()[3].rsplit(":", 1)[1] for line in n.sh("ss -ltnH").stdout.splitlines()
                         if line.strip()} - {"22"})
         files = [f for f in ("/etc/sysctl.d/90-ascend-pd-hugepages.conf", "/var/lib/ascend-pd/nr_hugepages.before",
+                             "/etc/sysctl.d/90-ascend-pd-tcp.conf", "/var/lib/ascend-pd/tcp_retries2.before",
                              "/tmp/etcd-data") if n.sh(f"test -e {f}", check=False).returncode == 0]
         pages = n.sh("cat /proc/sys/vm/nr_hugepages").stdout.strip()
-        return {"containers": containers, "processes": procs, "ports": ports, "files": files, "hugepages": pages}
+        tcp = n.sh("cat /proc/sys/net/ipv4/tcp_retries2").stdout.strip()
+        return {"containers": containers, "processes": procs, "ports": ports, "files": files, "hugepages": pages,
+                "tcp_retries2": tcp}
 
     def close(self) -> None:
         self.fleet.close()

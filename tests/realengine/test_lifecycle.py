@@ -354,7 +354,9 @@ def test_a_container_removed_by_hand_does_not_block_destroy(dep: rc.RealCluster)
     assert run.ok, (run.error or "")[-6000:]
     for name in dep.fleet.nodes:
         left = dep.leftovers(name)
-        assert left == {"containers": [], "processes": [], "ports": [], "files": [], "hugepages": "0"}, (name, left)
+        # tcp_retries2 back to the node's own (the kernel's default in the node's fresh network namespace)
+        assert left == {"containers": [], "processes": [], "ports": [], "files": [], "hugepages": "0",
+                        "tcp_retries2": "15"}, (name, left)
 
 
 def test_up_after_destroy_serves_again(dep: rc.RealCluster):
@@ -370,5 +372,7 @@ def test_destroy_leaves_nothing(dep: rc.RealCluster):
     FIGURES[dep.stack]["destroy_s"] = round(run.seconds, 1)
     for name in dep.fleet.nodes:
         left = dep.leftovers(name)
-        assert left == {"containers": [], "processes": [], "ports": [], "files": [], "hugepages": "0"}, (name, left)
+        # tcp_retries2 back to the node's own (the kernel's default in the node's fresh network namespace)
+        assert left == {"containers": [], "processes": [], "ports": [], "files": [], "hugepages": "0",
+                        "tcp_retries2": "15"}, (name, left)
         assert "ascend_pd" not in dep.fleet.nodes[name].sh("nft list tables").stdout, name  # the firewall too

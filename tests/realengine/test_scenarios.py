@@ -261,6 +261,69 @@ def test_an_up_killed_mid_run_is_cancelled_and_converges_with_every_rank_once(de
                             "pending_warning": "pending operations" in again.stdout}
 
 
+# A node's SSH silenced: an nftables table of the test's own drops what reaches its port 22 (the
+# operator's SSH packets lost on the way in), while its answers still leave: the node keeps
+# retransmitting the step's output, which is what held an `up` for more than 15 minutes.
+SILENCE = "table inet apd_test_silence { chain input { type filter hook input priority filter - 10; tcp dport 22 drop; } }"
+# The bound docs/operations.md gives: the node gives up retransmitting (firewall.tcpRetries2 8: about
+# 100 s at most), then the session's TCP keepalive ends it (150 s); the rest is a loaded CI machine.
+SILENT_STEP_BOUND_S = 400
+
+
+def test_a_node_silenced_mid_up_fails_its_step_within_the_bound_and_the_next_up_converges(dep):
+    """p1 stops receiving SSH packets while its prefill launch runs (a firewall on the way, a link
+    that only sends). The `up` ends on its own within the documented bound, its error names p1's launch,
+    no traceback; p1's launch finishes on the node meanwhile. Once p1 answers again one `up` converges:
+    every planned rank once, `preview --expect-no-changes` clean, serving."""
+    victim = "p1"
+    plan_tcp = dep.fleet.nodes[victim].sh("cat /proc/sys/net/ipv4/tcp_retries2").stdout.strip()
+    assert plan_tcp == "8", plan_tcp  # what the firewall script set (the kernel's default is 15)
+    planned = rank_processes(dep)
+    env = dep.settings()["prefill"].get("env", {})
+    merge(dep.overrides, {"prefill": {"env": {**env, "APD_SILENCED_RUN": "1"}}})
+    dep.configure()
+    project, cli = dep.project, eng.find_cli()
+    log = dep.workdir / "silenced-up.log"
+    node = dep.fleet.nodes[victim]
+    with open(log, "w") as out:
+        up = subprocess.Popen([str(cli), "up", "--yes", "--skip-preview", "--non-interactive", "--stack", STACK,
+                               "--parallel", str(project.parallel)], cwd=str(project.dir),
+                              env={**os.environ, **project.env}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while "launch.lock bash -s" not in node.sh("ps -eo args=").stdout:
+            assert up.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        node.sh(f"nft -f - <<'EOF'\n{SILENCE}\nEOF")
+        t0 = time.monotonic()
+        try:
+            rc_ = up.wait(timeout=SILENT_STEP_BOUND_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"pulumi up still runs {SILENT_STEP_BOUND_S} s after {victim} went silent: "
+                                 + log.read_text()[-3000:]) from None
+        failed_s = time.monotonic() - t0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        node.sh("nft delete table inet apd_test_silence", check=False)
+    text = log.read_text()
+    assert rc_ != 0, text[-4000:]
+    assert f"{victim}-launch" in text and "Traceback" not in text and "KeyboardInterrupt" not in text, text[-4000:]
+    t1 = time.monotonic()
+    again = project.up()
+    assert again.ok, (again.error or "")[-6000:]
+    dep.wait_serving(timeout=300)
+    converged_s = time.monotonic() - t1
+    after = rank_processes(dep)
+    assert after == planned, (planned, after)
+    clean = project.preview(expect_no_changes=True)
+    assert clean.ok, clean.stdout[-6000:]
+    FIGURES["silenced-up"] = {"silence_to_failed_up_s": round(failed_s, 1), "next_up_to_serving_s": round(converged_s, 1),
+                              "next_up_s": round(again.seconds, 1)}
+
+
 @recorded_only
 def test_a_shared_vllm_flag_updates_every_launch(dep):
     flags = dep.settings()["vllm"].get("flags", {})

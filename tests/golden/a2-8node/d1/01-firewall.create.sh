@@ -26,3 +26,22 @@ table inet ascend_pd {
 ASCEND_PD_NFT
 nft list table inet "$table" >/dev/null
 echo "firewall: table inet $table loaded on $node (SSH, the cluster's nodes; the rest dropped)"
+tcp_retries2=8
+tcp_proc=/proc/sys/net/ipv4/tcp_retries2
+tcp_state_file=/var/lib/ascend-pd/tcp_retries2.before
+tcp_sysctl_file=/etc/sysctl.d/90-ascend-pd-tcp.conf
+if [ -n "$tcp_retries2" ]; then
+  mkdir -p "$(dirname "$tcp_state_file")" "$(dirname "$tcp_sysctl_file")"
+  # The node's own value, from before ascend-pd first changed it.
+  if [ ! -f "$tcp_state_file" ]; then cat "$tcp_proc" > "$tcp_state_file"; fi
+  echo "$tcp_retries2" > "$tcp_proc"
+  echo "net.ipv4.tcp_retries2 = $tcp_retries2" > "$tcp_sysctl_file"
+  echo "net.ipv4.tcp_retries2 = $(cat "$tcp_proc") on $node"
+else
+  if [ -f "$tcp_state_file" ]; then
+    cat "$tcp_state_file" > "$tcp_proc"
+    echo "net.ipv4.tcp_retries2 back to $(cat "$tcp_state_file") on $node"
+    rm -f "$tcp_state_file"
+  fi
+  rm -f "$tcp_sysctl_file"
+fi
