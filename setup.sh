@@ -25,6 +25,9 @@ venv/bin/pip install -q -r requirements-dev.txt
 venv/bin/pip install -q --no-deps --no-build-isolation -e .
 # The PD proxy script of each release the stacks run, from its sdist on PyPI (sha256-pinned), for the tests.
 venv/bin/python tests/proxy_release.py fetch
+# The pinned vllm-ascend and vLLM sources the release facts are derived from: tests/test_release_facts.py
+# runs in a network namespace of its own (tests/run) and cannot download them (about 85 MB once).
+venv/bin/python -c 'from tools.release_facts import fetch; [fetch.trees(r) for r in fetch.PINS]'
 
 # The Pulumi CLI, its Python language host and the command/docker plugins, at the versions the pinned
 # SDKs ask for (requirements.txt). An operator's own `pulumi` on PATH is used when it has them; else

@@ -21,10 +21,11 @@ the work and nothing editing the state file:
    depends on them;
 5. it removes exactly NODE's resources with `pulumi state delete` (which checks that nothing depends
    on them any more);
-6. it runs `pulumi up` once more: the engine could not delete what held one of NODE's resources
-   while that resource was excluded (the group of an instance that went with the node, e.g. a prefill
-   instance of its own); with NODE's resources gone from the state those deletes touch no machine,
-   and nothing else is left to do;
+6. it runs `pulumi up` once more: with `--exclude` the engine deletes nothing an excluded resource
+   depends on, transitively, its parent included (pkg/resource/deploy/step_generator.go,
+   getExcludeDependencies), so what the new stack drops but NODE's resources held stays: a prefill
+   group that NODE's proxy listed, the group of an instance that was NODE's alone. With NODE's
+   resources gone from the state, this `up` deletes those, on machines that answer;
 7. it writes what NODE's resources would have run on deletion into a cleanup script, for the day the
    machine comes back with the old containers, ranks, worker, huge pages and firewall on it.
 
@@ -263,8 +264,8 @@ class Forget:
             self.log(f"`pulumi state delete` failed: the rest of the stack is converged; {self.node}'s resources "
                      f"are still in the state (the backup is {backup})")
             return 1
-        # What held only NODE's resources (an instance's group component) could not go while they were
-        # excluded: one more `up`, which dials no machine for it, and the next preview is clean.
+        # What NODE's resources depended on and the new stack drops could not go while they were
+        # excluded (step 6 of the module's docstring): one more `up`, and the next preview is clean.
         if run(["up", "--stack", self.stack, "--yes", "--skip-preview"]) != 0:
             self.log(f"{self.node}'s resources are out of the state, but the last `pulumi up` (removing what only "
                      f"held them) failed: run `pulumi up --stack {self.stack}` once what it names is fixed (the "
