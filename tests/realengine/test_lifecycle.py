@@ -80,6 +80,10 @@ def test_first_up_serves(dep: rc.RealCluster):
     assert not [s for s in run.steps if s.failed]
     report = dep.wait_serving()
     assert report
+    # The bound on a step whose node goes silent (firewall.tcpRetries2; the kernel's default is 15).
+    names = [n["name"] for n in dep.settings()["nodes"]]
+    retries = {n: dep.fleet.nodes[n].sh("cat /proc/sys/net/ipv4/tcp_retries2").stdout.strip() for n in names}
+    assert retries == {n: "8" for n in names}, retries
     FIGURES[dep.stack]["first_up_s"] = round(run.seconds, 1)
     # What the scripts, pulls and containers took, summed: against the wall time, the engine's own
     # cost and what its parallelism saves (components and the stack only wrap their children).

@@ -281,6 +281,8 @@ SILENCE = ("table inet apd_test_silence {\n  chain input {\n    type filter hook
 SILENT_STEP_BOUND_S = 400
 
 
+# Three and a half minutes of waiting for the bound itself: run by the recording, not by CI.
+@recorded_only
 def test_a_node_silenced_mid_up_fails_its_step_within_the_bound_and_the_next_up_converges(dep):
     """p1 stops receiving SSH packets while its prefill launch runs (a firewall on the way, a link
     that only sends). The `up` ends on its own within the documented bound, its error names p1's launch,
