@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="deadline of each node's run, connection included (default 30)")
     dr.add_argument("--connect-timeout", type=_seconds(1.0, 120.0), metavar="S", default=5.0,
                     help="ssh connection deadline per node (default 5)")
+    _parallel_option(dr)
     dr.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     c = sub.add_parser(
         "diff",
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--known-hosts", metavar="FILE",
                    help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
                    "~/.ssh/known_hosts)")
+    _parallel_option(h)
     h.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     _logs_parsers(sub)
     fg = sub.add_parser("forget-node", help="converge the stack without a node that is gone for good (after the "
@@ -397,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("render", "doctor"):  # before a deploy: what the images' release will not read
         for problem in plan.warnings:
             print(f"warning: {problem}", file=sys.stderr)
+    if getattr(args, "parallel", None) is not None:  # doctor, logs, bundle, heal: ssh sessions at once
+        from .ssh import set_parallel
+
+        set_parallel(args.parallel)
     if args.command == "render":
         from . import term
         from .render import summary_blocks, write_scripts
@@ -466,13 +472,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _sessions(text: str) -> int:
+    from .ssh import MAX_PARALLEL
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_PARALLEL:
+        raise argparse.ArgumentTypeError(f"{text!r}: from 1 to {MAX_PARALLEL} ssh sessions at once")
+    return value
+
+
+def _parallel_option(p: argparse.ArgumentParser) -> None:
+    from .ssh import DEFAULT_PARALLEL
+
+    p.add_argument("--parallel", type=_sessions, metavar="N", default=DEFAULT_PARALLEL,
+                   help=f"at most N ssh sessions at once (default {DEFAULT_PARALLEL}; through a jump host keep it "
+                   "within its sshd's MaxStartups, 10 by default)")
+
+
 def _ssh_options(p: argparse.ArgumentParser, timeout_s: float, what: str) -> None:
+    _parallel_option(p)
     p.add_argument("--identity", metavar="FILE", help="ssh private key (default: ssh-agent and ~/.ssh/config)")
     p.add_argument("--known-hosts", metavar="FILE",
                    help="known_hosts file (default: the stack's ssh.hostKeys when every node has one, else "
                    "~/.ssh/known_hosts)")
     p.add_argument("--timeout", type=_seconds(1.0, MAX_TIMEOUT_S), metavar="S", default=timeout_s,
-                   help=f"deadline of {what}, every node at once, connection included (default {timeout_s:g})")
+                   help=f"deadline of {what}, for all nodes, the wait for a session and the connection included "
+                   f"(default {timeout_s:g})")
     p.add_argument("--connect-timeout", type=_seconds(1.0, 120.0), metavar="S", default=5.0,
                    help="ssh connection deadline per node (default 5)")
     p.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)

@@ -11,8 +11,9 @@ What is in it (the MANIFEST inside lists every file, and what could not be colle
   processes in it, `npu-smi info`, huge pages, memory, disk, a `dmesg` tail, the driver's and the
   container's vLLM / vllm-ascend versions.
 
-Bounds: every node, status, doctor and etcd at once, one deadline for all (what is late is named in
-the MANIFEST, never waited for); each tool on a node has its own `timeout`; a cap per file (its last
+Bounds: every node (as many at once as ssh's `--parallel` gate lets through), status, doctor and
+etcd at once, one deadline for all (what is late, or still waiting for a session, is named in the
+MANIFEST, never waited for); each tool on a node has its own `timeout`; a cap per file (its last
 bytes are kept: the end of a log is what matters) and in all. A node that is down costs its own files,
 nothing else.
 
@@ -256,7 +257,7 @@ def make_bundle(plan: Plan, targets: dict[str, ssh.Target], out: Path, *, lines:
     pool = ThreadPoolExecutor(max_workers=4)
     scripts = {n.name: node_script(plan, n.name, lines) for n in plan.nodes}
     jobs = {
-        "nodes": pool.submit(ssh.run_on_nodes, targets, scripts, timeout_s=timeout_s, parallel=max(1, len(scripts))),
+        "nodes": pool.submit(ssh.run_on_nodes, targets, scripts, timeout_s=timeout_s, deadline_s=timeout_s),
         "status.json": pool.submit(_status, plan, timeout_s),
         "doctor.json": pool.submit(_doctor, plan, targets, timeout_s),
         "etcd.json": pool.submit(_etcd, plan, timeout_s),

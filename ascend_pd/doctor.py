@@ -29,7 +29,6 @@ COLUMNS = ("ssh", "clock", "versions", "page-size", "memory", "npu", "hccn-conf"
            "weights", "docker", "network", "firewall") + CROSS_CHECKS
 # One node's checks finish in a few seconds; the bound is for a node that hangs in a tool.
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_PARALLEL = 32
 STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
 
 
@@ -165,7 +164,8 @@ def ping_targets(plan: Plan, node: str, rows: dict[str, dict[str, Row]]) -> list
 
 
 def run_doctor(plan: Plan, targets: dict[str, Target], *, nodes: Sequence[str] = (), only: Sequence[str] = (),
-               timeout_s: float = DEFAULT_TIMEOUT_S, parallel: int = DEFAULT_PARALLEL) -> Report:
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> Report:
+    """Every check on every node, as many nodes at once as ssh's `--parallel` gate lets through."""
     start = time.monotonic()
     names = list(nodes) or [n.name for n in plan.nodes]
     wanted = list(only) or list(ALL_CHECKS)
@@ -173,14 +173,14 @@ def run_doctor(plan: Plan, targets: dict[str, Target], *, nodes: Sequence[str] =
     if "ping" in wanted and "fabric" not in checks:
         checks.append("fabric")  # the ping round needs the NPU addresses
     scripts = {n: preflight_script(plan, n, mode="report", checks=checks) for n in names}
-    results = run_on_nodes(targets, scripts, timeout_s=timeout_s, parallel=parallel)
+    results = run_on_nodes(targets, scripts, timeout_s=timeout_s)
     rows = {n: parse(results[n]) for n in names}
     arrivals = {n: r.first_output_at for n, r in results.items() if r.first_output_at}
     skew = cross_checks(plan, rows, arrivals) if len(names) > 1 else None
     if "ping" in wanted:
         wanted_pings = {n: ping_targets(plan, n, rows) for n in names if rows[n]["ssh"].status == "pass"}
         pings = {n: ping_script(plan, n, t) for n, t in wanted_pings.items() if t}
-        for n, res in run_on_nodes(targets, pings, timeout_s=timeout_s, parallel=parallel).items():
+        for n, res in run_on_nodes(targets, pings, timeout_s=timeout_s).items():
             got = parse(res)
             rows[n]["ping"] = got.get("ping") or got["ssh"]
     for n in names:  # only what was asked for (fabric may have run for the ping round alone)

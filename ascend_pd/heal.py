@@ -11,9 +11,9 @@ would serialise every heal behind the stack's lock, and cannot be tested here: t
 One cycle (`heal_once`):
 1. poll the stack (`status.collect_status`, without the smoke completion) and judge every instance
    with the hang tracker (`hang.py`): dead, hung, or ranks not in one DP group;
-2. a dead openYuanrong worker is restarted first (its node's worker create: it restarts a dead or
-   unregistered worker), then the instance on its node is restarted too (its ranks' pool client
-   talked to the dead worker);
+2. every dead openYuanrong worker is restarted first, all at once (its node's worker create: it
+   restarts a dead or unregistered worker), then the instance on its node is restarted too (its
+   ranks' pool client talked to the dead worker);
 3. every broken instance, concurrently with the others (each alone; the healthy ones keep serving):
    out of the proxy (`POST /instances/remove`, the launch's own rollout call), its launch's delete
    on every node of the instance at once (TERM, KILL after `vllm.stopTimeoutS`: a DP group restarts
@@ -31,7 +31,8 @@ One cycle (`heal_once`):
 
 The transport is a callable `Runner(node, command, timeout_s) -> (rc, stdout, stderr)` that runs a
 host command (the wrapped script) on a node. `LocalRunner`-style callables are what the tests use;
-`ssh_runner` is the SSH transport `doctor` uses (ascend_pd/ssh.py).
+`ssh_runner` is the SSH transport `doctor` uses (ascend_pd/ssh.py), at most `--parallel` sessions at
+once however many instances and workers heal at the same time.
 """
 
 from __future__ import annotations
@@ -372,6 +373,12 @@ class Healer:
         # A node whose connects all time out or find no route may be gone; one that refuses them is up
         # (its kernel answered) with its services dead: that is for the restart, after `ssh true`.
         down = {n.node: n.reason for n in status.nodes if n.state == UNREACHABLE and REFUSED not in n.reason}
+        restart = [w for w in dead_workers if w.node not in down and not dry_run]
+        restarted: dict[str, tuple[int, str, str, float]] = {}
+        if restart:  # every dead worker at once (each its own node; the ssh gate bounds how many run)
+            with cf.ThreadPoolExecutor(max_workers=len(restart)) as pool:
+                restarted.update(zip([w.node for w in restart],
+                                     pool.map(lambda w: self._exec(w.node, "worker", "create"), restart)))
         for w in dead_workers:
             if w.node in down:  # its node's instance is blocked below, and ssh would not get there either
                 rep.workers.append(f"{w.node}: not restarted: the node does not answer")
@@ -379,7 +386,7 @@ class Healer:
             if dry_run:
                 rep.workers.append(f"{w.node}: would restart ({w.reason})")
                 continue
-            rc, out, err, took = self._exec(w.node, "worker", "create")
+            rc, out, err, took = restarted[w.node]
             rep.worker_restart_s[w.node] = took
             rep.workers.append(f"{w.node}: {'restarted' if rc == 0 else 'restart failed'} in {took:.1f}s"
                                + ("" if rc == 0 else f": {' | '.join((err or out).strip().splitlines()[-3:])}"))

@@ -148,11 +148,12 @@ def _by_node(picked: Sequence[Source]) -> dict[str, list[tuple[int, Source]]]:
 
 def fetch(plan: Plan, picked: Sequence[Source], targets: dict[str, ssh.Target], *, tail: int, grep: str = "",
           timeout_s: float = DEFAULT_TIMEOUT_S) -> Fetched:
-    """The last `tail` lines (matching `grep`) of every picked source, every node at once, within timeout_s."""
+    """The last `tail` lines (matching `grep`) of every picked source, the nodes as many at once as
+    `--parallel` lets through, all within timeout_s."""
     start = time.monotonic()
     nodes = _by_node(picked)
     scripts = {n: node_script(plan, items, tail=tail, grep=grep) for n, items in nodes.items()}
-    results = ssh.run_on_nodes(targets, scripts, timeout_s=timeout_s, parallel=max(1, len(scripts)))
+    results = ssh.run_on_nodes(targets, scripts, timeout_s=timeout_s, deadline_s=timeout_s)
     logs = {i: SourceLog(s) for i, s in enumerate(picked)}
     unreachable = {}
     for n, r in results.items():

@@ -1,7 +1,7 @@
 """Run a script on many nodes at once over the operator's own OpenSSH client (doctor, heal).
 
     targets = ssh_targets(plan)                       # or ssh_targets(plan, identity_file=..., ...)
-    results = run_on_nodes(targets, {"p0": text, ...}, timeout_s=30, parallel=16)
+    results = run_on_nodes(targets, {"p0": text, ...}, timeout_s=30)     # set_parallel(n): sessions at once
     results["p0"].ok, .rc, .stdout, .stderr, .elapsed, .error, .first_output_at
 
 Why the `ssh` binary and not an SSH library: it is what pulumi-docker already uses for every node
@@ -36,6 +36,14 @@ DEFAULT_CONNECT_TIMEOUT_S = 5
 SERVER_ALIVE_INTERVAL_S = 5
 SERVER_ALIVE_COUNT = 3
 SSH_FAILED = 255  # ssh's own exit code: connection, authentication, host key
+# At most this many ssh sessions at once, per command (doctor, logs, bundle, heal; `--parallel`). Every
+# session is a process and a key signature (one ssh-agent serves them one at a time) on the operator's
+# machine; through a jump host each is a connection to the bastion's one sshd, whose default
+# `MaxStartups 10:30:100` starts refusing unauthenticated connections beyond 10. At 256 nodes an
+# unbounded fan-out was 256 ssh processes for one `bundle`. 32: a 256-node read in 8 waves of
+# about a second each (tools/scale_bench: docs/development.md "Scale").
+DEFAULT_PARALLEL = 32
+MAX_PARALLEL = 1024
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,49 @@ def _why(stderr: str, target: Target) -> str:
     return f"unreachable over ssh {target.user}@{target.address}:{target.port}: {last}"
 
 
+class _Gate:
+    """The process-wide bound on ssh sessions at once: every run_one passes it, whichever command or
+    thread pool started it (bundle runs its nodes' reads and doctor's at once; heal restarts instances
+    and their nodes at once)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._sem = threading.BoundedSemaphore(size)
+
+    def acquire(self, deadline: Optional[float], cancelled: Optional[threading.Event]) -> bool:
+        """A session, or False once the deadline passed or the run was cancelled (Ctrl-C) first."""
+        while True:
+            wait = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+            if cancelled is not None and cancelled.is_set():
+                return False
+            if wait <= 0:
+                return False
+            if self._sem.acquire(timeout=wait):
+                late = deadline is not None and time.monotonic() >= deadline
+                if late or (cancelled is not None and cancelled.is_set()):
+                    self._sem.release()
+                    return False
+                return True
+
+    def release(self) -> None:
+        self._sem.release()
+
+
+_GATE = _Gate(DEFAULT_PARALLEL)
+
+
+def set_parallel(n: int) -> None:
+    """At most n ssh sessions at once from now on (the command's `--parallel`)."""
+    global _GATE
+    if not 1 <= n <= MAX_PARALLEL:
+        raise ValueError(f"--parallel {n}: from 1 to {MAX_PARALLEL} ssh sessions at once")
+    _GATE = _Gate(n)
+
+
+def parallel() -> int:
+    return _GATE.size
+
+
 # The ssh processes running now. Each runs in its own session (so a deadline can kill its whole group),
 # which also keeps a terminal's Ctrl-C from reaching it: on KeyboardInterrupt they are killed from here.
 _LIVE: set[subprocess.Popen] = set()
@@ -137,8 +188,27 @@ def kill_live() -> None:
             pass
 
 
-def run_one(target: Target, script: str, timeout_s: float) -> Result:
+def run_one(target: Target, script: str, timeout_s: float, *, deadline: Optional[float] = None,
+            cancelled: Optional[threading.Event] = None) -> Result:
+    """One node's run, once a session is free (the `--parallel` gate), within timeout_s; with a
+    `deadline` (time.monotonic()), a node still waiting for a session then is not started at all,
+    nor once `cancelled` is set."""
     start = time.monotonic()
+    gate = _GATE
+    if not gate.acquire(deadline, cancelled):
+        why = ("cancelled" if cancelled is not None and cancelled.is_set() else
+               f"the {gate.size} ssh sessions at once (--parallel) were busy until the deadline; a larger "
+               "--parallel or --timeout reaches it")
+        return Result(target.name, None, "", "", time.monotonic() - start, f"not started: {why}")
+    try:
+        if deadline is not None:
+            timeout_s = min(timeout_s, max(0.1, deadline - time.monotonic()))
+        return _run_one(target, script, timeout_s, time.monotonic())
+    finally:
+        gate.release()
+
+
+def _run_one(target: Target, script: str, timeout_s: float, start: float) -> Result:
     try:
         proc = subprocess.Popen(target.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
@@ -199,22 +269,26 @@ def _finish(proc: subprocess.Popen, target: Target, script: str, timeout_s: floa
 
 
 def run_on_nodes(targets: Mapping[str, Target], scripts: Mapping[str, str], *, timeout_s: float = 60.0,
-                 parallel: int = 16) -> dict[str, Result]:
-    """Run scripts[node] on each node (all of them at once, at most `parallel` ssh processes);
-    every node of `scripts` gets a Result within about timeout_s (+ the queue ahead of it)."""
+                 deadline_s: Optional[float] = None) -> dict[str, Result]:
+    """Run scripts[node] on each node, as many at once as the `--parallel` gate lets through. Each
+    node's run is bounded by timeout_s; with deadline_s, every node's Result is in within deadline_s
+    of the call, waiting for a session included (a node whose turn has not come by then is named as
+    not started); without it, a node may wait for the nodes ahead of it."""
     unknown = sorted(set(scripts) - set(targets))
     if unknown:
         raise ValueError(f"no ssh target for node(s) {unknown}")
-    if parallel < 1:
-        raise ValueError("parallel must be >= 1")
-    pool = ThreadPoolExecutor(max_workers=min(parallel, max(1, len(scripts))))
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    # A thread per node: the threads wait at the gate, not in a pool's queue, so the deadline holds for all.
+    pool = ThreadPoolExecutor(max_workers=max(1, len(scripts)))
+    cancelled = threading.Event()
     futures = {}
     try:
         # Submitted inside the try: a Ctrl-C between two submits must still kill the ssh already started.
         for n, text in scripts.items():
-            futures[n] = pool.submit(run_one, targets[n], text, timeout_s)
+            futures[n] = pool.submit(run_one, targets[n], text, timeout_s, deadline=deadline, cancelled=cancelled)
         return {n: f.result() for n, f in futures.items()}
     except KeyboardInterrupt:
+        cancelled.set()  # the nodes still waiting for a session start none
         for f in futures.values():
             f.cancel()
         kill_live()  # the running threads then end at once, and shutdown below does not wait out a deadline
@@ -223,4 +297,5 @@ def run_on_nodes(targets: Mapping[str, Target], scripts: Mapping[str, str], *, t
         pool.shutdown(wait=True)
 
 
-__all__ = ["Target", "Result", "ssh_targets", "run_on_nodes", "run_one", "known_hosts_line", "kill_live"]
+__all__ = ["Target", "Result", "ssh_targets", "run_on_nodes", "run_one", "known_hosts_line", "kill_live",
+           "set_parallel", "parallel", "DEFAULT_PARALLEL"]

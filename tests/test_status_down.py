@@ -14,6 +14,8 @@ import json
 import re
 import subprocess
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -161,6 +163,39 @@ def serving(plan, *, down: str = "", metrics=None):
     finally:
         for s in servers:
             s.close()
+
+
+def test_heal_restarts_every_dead_worker_at_once(tmp_path):
+    """Issue 40: at 256 nodes, one worker restart after another (seconds each) was minutes before any
+    instance was looked at. Every rank, etcd and the proxy answer; both workers' ports refuse: the
+    two are restarted side by side (the ssh gate, tests/test_ssh_gate.py, bounds the sessions), each
+    once, each reported."""
+    plan = plan_of(live_stack(tmp_path, 3))
+    live, most, calls = [0], [0], []
+    lock = threading.Lock()
+
+    def run_(node, command, timeout_s):
+        with lock:
+            calls.append(node)
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(1.0)
+        with lock:
+            live[0] -= 1
+        return 0, "", ""
+
+    http, _, kinds = endpoints(plan)
+    server = Hostile(http, Routes(kinds, healthy_routes(plan)))  # no worker listens
+    try:
+        healer = heal.Healer(plan, run_, timeouts=Timeouts(connect_s=2, request_s=5, smoke_s=5))
+        healer.heal_instance = lambda inst, why: heal.InstanceHeal(inst.name, why, "restarted", "not under test")
+        rep = healer.heal_once()
+    finally:
+        server.close()
+    assert sorted(calls) == ["n0", "n1"]  # one worker create per node, nothing else reached a node
+    assert [w.split(":")[0] for w in rep.workers] == ["n0", "n1"], rep.text()
+    assert all(": restarted in " in w for w in rep.workers), rep.workers
+    assert most[0] == 2, most[0]  # side by side (one after the other would be 1)
 
 
 def test_one_node_down_is_one_rank_row_and_one_problem(tmp_path):

@@ -1,22 +1,27 @@
-"""Scale benchmark (issue 40): how `render`, `diff` and `status` grow with the stack. Not a test:
-it prints a table, to be rerun before and after a change that claims to make them faster.
+"""Scale benchmark (issue 40): how `render`, `diff`, `preview` and the day-2 commands grow with the
+stack. Not a test: it prints a table, to be rerun before and after a change that claims to make them
+faster.
 
 The stacks are generated from the committed a2-8node stack (its profile, flags and layout rules),
 with N nodes: half prefill (one-node instances, DP2/TP4: N/2 instances), half decode (4-node
-instances, DP32: N/8 instances), every node's host key pinned, the nodes on 127.1.x.y so that
-`status` polls only loopback, where nothing listens (every connect is refused at once: the poll's
-own cost, not the network's). Each measurement runs in a process of its own (its peak RSS is its
-own):
+instances, DP32: N/8 instances), every node's host key pinned, the nodes on 127.1.x.y. Each
+measurement runs in a process of its own (its peak RSS is its own):
 
 - render: the plan and every node's scripts;
 - diff: one prefill flag changed (both sides' graphs under the SDK's mocks, the engine model, the
   effect), and the rollout it estimates: waves of `rollout.maxUnavailable` per role;
 - preview: a real `pulumi preview` (local backend; needs the CLI `setup.sh` builds), whole and the
   program's share of it (wall and CPU);
-- status: one poll of every rank, worker, etcd and the proxy, no smoke.
+- the day-2 commands, against a simulated cluster of the same size (tools/sim_cluster.py: one real
+  sshd answering on every node address, the suite's HTTP fakes answering as healthy ranks, workers,
+  etcd and proxy), in network and mount namespaces of the benchmark's own (root), with the commands'
+  default deadlines and `--parallel` (or the benchmark's `--parallel`):
+  status (one poll of every rank, worker, etcd and the proxy, no smoke), heal --dry-run (a poll and
+  its judgement), logs --tail 50 of every source, bundle (every node's logs and facts, status,
+  doctor, etcd).
 
   venv/bin/python -m tools.scale_bench                    # 64 and 256 nodes
-  venv/bin/python -m tools.scale_bench --nodes 16 64 --skip status --skip preview
+  venv/bin/python -m tools.scale_bench --nodes 16 64 --skip preview --skip bundle
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ import sys
 import time
 from pathlib import Path
 
+from tools import sim_cluster
+
 STACK = "a2-8node"
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("render", "diff", "preview", "status")
+DAY2 = ("status", "heal-dry-run", "logs", "bundle")  # against the simulated cluster
+STEPS = ("render", "diff", "preview", *DAY2)
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchBenchBenchBenchBenchBenchBenchBench01"
 
 
@@ -58,7 +66,7 @@ def generated(nodes: int, *, prefill_flag: bool = False) -> dict[str, str]:
         prefill.setdefault("flags", {})["max-num-seqs"] = 7
     cfg["ascend-pd:prefill"], cfg["ascend-pd:decode"] = json.dumps(prefill), json.dumps(decode)
     ssh = json.loads(cfg.get("ascend-pd:ssh", "{}"))
-    ssh["hostKeys"] = {n: HOST_KEY for n in names}
+    ssh["hostKeys"] = {n: os.environ.get("APD_BENCH_HOST_KEY", HOST_KEY) for n in names}
     cfg["ascend-pd:ssh"] = json.dumps(ssh)
     return cfg
 
@@ -85,12 +93,8 @@ def measure(step: str, nodes: int) -> dict:
                  f"{p.duration_s / 60:.0f} min")
     elif step == "preview":
         return _preview(nodes)
-    elif step == "status":
-        from ascend_pd.status import Timeouts, collect_status
-
-        report = collect_status(plan_of(STACK, generated(nodes)), timeouts=Timeouts(connect_s=2, request_s=5, smoke_s=5),
-                                smoke=False)
-        found = f"{len(report.ranks)} ranks polled, {len(report.problems)} problems"
+    elif step in DAY2:
+        found = _day2(step, plan_of(STACK, generated(nodes)))
     else:
         raise SystemExit(f"unknown step {step!r}: {', '.join(STEPS)}")
     seconds = time.monotonic() - t0
@@ -100,6 +104,39 @@ def measure(step: str, nodes: int) -> dict:
             # `diff` captures the two sides in forked children: the largest of them, beside this process
             "peak_rss_mb": round(own.ru_maxrss / 1024, 1), "child_peak_rss_mb": round(children.ru_maxrss / 1024, 1),
             "found": found}
+
+
+def _day2(step: str, plan) -> str:
+    """One day-2 command against the simulated cluster, with its defaults; what it found."""
+    from ascend_pd import ssh
+    from ascend_pd.status import Timeouts, collect_status
+
+    ssh.set_parallel(int(os.environ.get("APD_BENCH_PARALLEL", ssh.DEFAULT_PARALLEL)))
+    targets = ssh.ssh_targets(plan, identity_file=os.environ.get("APD_BENCH_IDENTITY"))
+    if step == "status":
+        report = collect_status(plan, timeouts=Timeouts(), smoke=False)
+        return f"{len(report.ranks)} ranks polled, {len(report.problems)} problems"
+    if step == "heal-dry-run":
+        from ascend_pd import heal
+
+        rep = heal.Healer(plan, lambda node, command, timeout_s: (1, "", "dry run")).heal_once(dry_run=True)
+        return f"{len(rep.broken)} instances broken, {len(rep.workers)} workers to restart"
+    if step == "logs":
+        from ascend_pd.logs import fetch
+        from ascend_pd.logsources import select
+
+        got = fetch(plan, select(plan), targets, tail=50)
+        return (f"{len(got.logs)} sources on {len(plan.nodes)} nodes, {len(got.unreachable)} nodes not read, "
+                f"--parallel {ssh.parallel()}")
+    import tempfile
+
+    from ascend_pd.bundle import make_bundle
+
+    with tempfile.TemporaryDirectory(prefix="apd-bench-") as tmp:
+        res = make_bundle(plan, targets, Path(tmp) / "b.tar.gz", identity_file=os.environ.get("APD_BENCH_IDENTITY"))
+        late = [m for m in res.missing if "not started" in m or "within the deadline" in m or "no answer" in m]
+        return (f"{res.files} files, {res.size / 1e6:.1f} MB, {len(res.missing)} not collected ({len(late)} late), "
+                f"--parallel {ssh.parallel()}")
 
 
 # The program as the language host runs it, timed from the interpreter's start to its exit (after the
@@ -162,13 +199,31 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.scale_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--skip", choices=STEPS, action="append", default=[])
+    ap.add_argument("--parallel", type=int, help="the day-2 commands' ssh sessions at once (their default otherwise)")
     ap.add_argument("--one", choices=STEPS, help=argparse.SUPPRESS)  # a child: one step, JSON on stdout
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(measure(args.one, args.nodes[0])))
         return 0
+    day2 = [s for s in DAY2 if s not in args.skip]
+    if day2 and not sim_cluster.in_namespace():
+        return sim_cluster.reexec_in_namespace(["tools.scale_bench", *(sys.argv[1:] if argv is None else argv)])
+    sim = sim_cluster.SimCluster() if day2 else None
+    if sim is not None:
+        os.environ.update({"APD_BENCH_HOST_KEY": sim.host_key, "APD_BENCH_IDENTITY": str(sim.identity),
+                           **({"APD_BENCH_PARALLEL": str(args.parallel)} if args.parallel else {})})
+    try:
+        return _rows(args, sim)
+    finally:
+        if sim is not None:
+            sim.close()
+
+
+def _rows(args, sim) -> int:
     rows = []
     for nodes in args.nodes:
+        if sim is not None:
+            sim.http(nodes)
         for step in STEPS:
             if step in args.skip:
                 continue
@@ -180,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             r = rows[-1]
             children = f" (+ {r['child_peak_rss_mb']:.1f} MB per child)" if r["child_peak_rss_mb"] else ""
-            print(f"{r['nodes']:>5} nodes  {r['step']:<7} {r['seconds']:>7.2f} s  cpu {r['cpu_s']:>7.2f} s  "
+            print(f"{r['nodes']:>5} nodes  {r['step']:<12} {r['seconds']:>7.2f} s  cpu {r['cpu_s']:>7.2f} s  "
                   f"{r['peak_rss_mb']:>7.1f} MB{children}  {r['found']}", flush=True)
     return 0
 

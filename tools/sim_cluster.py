@@ -1,0 +1,155 @@
+"""A simulated cluster of any size for the scale benchmark's day-2 commands (tools/scale_bench.py):
+every node of a generated stack answers SSH and every rank, worker, etcd and the proxy answers HTTP
+as a healthy cluster does, on loopback, inside the benchmark's own network and mount namespaces.
+
+- SSH: one real sshd (Debian openssh-server, a throw-away host and client key) listening on
+  0.0.0.0:22 of the namespace, so it answers on every node address (127.1.x.y is loopback). The
+  scripts `logs`, `bundle` and `heal` send run for real, as root, in the namespace: /run is a
+  private tmpfs, so `docker` finds no daemon and every container read fails at once, as on a node
+  whose container is down; what is measured is the fan-out (sessions, the `--parallel` gate, the
+  deadline), the scripts' own start-up and the parsing of what comes back.
+- HTTP: the suite's loopback fakes (tests/status_support/hostile.py), one listening socket per
+  distinct port on 0.0.0.0 (a few dozen for 1,280 ranks), answering as in tests/test_status_robust.py:
+  /health, /v1/models, /metrics of every rank; etcd's gateway with every worker registered; the
+  proxy's /healthcheck. Worker ports accept and close, as status only connects to them.
+
+Not a test: the benchmark starts it (`SimCluster`), or `python -m tools.sim_cluster http --nodes N`
+serves the HTTP side alone (what SimCluster runs in a process of its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SSHD = "/usr/sbin/sshd"
+
+
+def in_namespace() -> bool:
+    """True inside the benchmark's namespaces (set by `reexec_in_namespace`)."""
+    return os.environ.get("APD_BENCH_NS") == "1"
+
+
+def reexec_in_namespace(argv: list[str]) -> int:
+    """Run `python -m <argv>` again in a new network and mount namespace: loopback up, /run private."""
+    if os.geteuid() != 0:
+        raise SystemExit("the simulated cluster needs root (network and mount namespaces, sshd on port 22)")
+    setup = ("ip link set lo up && mount -t tmpfs tmpfs /run && mkdir -p /run/sshd && "
+             "echo '40000 60999' > /proc/sys/net/ipv4/ip_local_port_range && exec \"$@\"")
+    return subprocess.call(["unshare", "--net", "--mount", "--fork", "bash", "-c", setup, "_", sys.executable, "-m",
+                            *argv], cwd=ROOT, env={**os.environ, "APD_BENCH_NS": "1"})
+
+
+def _wait_port(port: int, timeout_s: float = 20.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:g} s")
+
+
+class SimCluster:
+    """sshd for every node address; `http(nodes)` serves the HTTP side of an N-node stack."""
+
+    def __init__(self):
+        if not in_namespace():
+            raise RuntimeError("SimCluster runs inside the benchmark's namespaces (reexec_in_namespace)")
+        self.dir = Path(tempfile.mkdtemp(prefix="apd-sim-"))
+        self.identity = self.dir / "id_ed25519"
+        host = self.dir / "host_ed25519"
+        for key in (self.identity, host):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        self.host_key = " ".join((host.with_suffix(".pub")).read_text().split()[:2])
+        (self.dir / "authorized_keys").write_text(self.identity.with_suffix(".pub").read_text())
+        (self.dir / "sshd_config").write_text(
+            f"Port 22\nListenAddress 0.0.0.0\nHostKey {host}\nAuthorizedKeysFile {self.dir}/authorized_keys\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "UsePAM no\nStrictModes no\nPidFile none\nLogLevel ERROR\n"
+            # One sshd stands in for every node: a real cluster spreads the sessions over N of them.
+            "MaxStartups 1024\nMaxSessions 1024\n")
+        self.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.dir / "sshd.log", "ab"))
+        _wait_port(22)
+        self.server: subprocess.Popen | None = None
+
+    def http(self, nodes: int) -> None:
+        """(Re)start the HTTP side for the generated N-node stack."""
+        self._stop_http()
+        self.server = subprocess.Popen([sys.executable, "-m", "tools.sim_cluster", "http", "--nodes", str(nodes)],
+                                       cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        ready = self.server.stdout.readline()
+        if not ready.startswith("serving"):
+            raise RuntimeError(f"the simulated cluster's HTTP side did not start: {ready!r}")
+
+    def _stop_http(self) -> None:
+        if self.server is not None:
+            self.server.send_signal(signal.SIGTERM)
+            self.server.wait(timeout=30)
+            self.server = None
+
+    def close(self) -> None:
+        self._stop_http()
+        self.sshd.kill()
+        self.sshd.wait()
+
+
+def serve_http(nodes: int) -> None:
+    """Serve every HTTP endpoint of the generated N-node stack as a healthy cluster, until SIGTERM."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from status_support.hostile import Hostile, Routes, accept_only, etcd_answers, respond
+
+    from ascend_pd.change.compare import plan_of
+    from tools.scale_bench import STACK, generated
+
+    plan = plan_of(STACK, generated(nodes))
+    worker_ports = {int(w.address.rsplit(":", 1)[1]) for w in plan.workers}
+    kinds = {plan.etcd.client_port: "etcd", plan.proxy.port: "proxy"}
+    routes = {("etcd", path): answer for path, answer in etcd_answers([w.address for w in plan.workers]).items()}
+
+    def metrics(req, conn, stop):
+        respond(conn, (b'vllm:num_requests_running{engine="0"} 0\n'
+                       b'vllm:generation_tokens_total{engine="0"} 5\n'
+                       b'vllm:request_success_total{engine="0",finished_reason="stop"} 2\n'), ctype="text/plain")
+
+    routes.update({
+        ("rank", "/health"): b"",
+        ("rank", "/v1/models"): {"object": "list", "data": [{"id": plan.cfg.model.served_name, "object": "model"}]},
+        ("rank", "/metrics"): metrics,
+        ("proxy", "/healthcheck"): {"status": "ok", "prefill_instances": len(plan.proxy.prefillers),
+                                    "decode_instances": len(plan.proxy.decoders)},
+    })
+    http_ports = sorted({r.port for r in plan.ranks} | set(kinds))
+    servers = [Hostile([("0.0.0.0", p) for p in http_ports], Routes(kinds, routes)),
+               Hostile([("0.0.0.0", p) for p in sorted(worker_ports)], accept_only())]
+    done = []
+    signal.signal(signal.SIGTERM, lambda *_: done.append(1))
+    print(f"serving {len(http_ports)} HTTP ports and {len(worker_ports)} worker port(s) for {nodes} nodes", flush=True)
+    while not done:
+        time.sleep(0.2)
+    for s in servers:
+        s.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.sim_cluster")
+    sub = ap.add_subparsers(dest="command", required=True)
+    h = sub.add_parser("http", help="serve the HTTP side of the generated N-node stack (inside the namespaces)")
+    h.add_argument("--nodes", type=int, required=True)
+    args = ap.parse_args(argv)
+    if args.command == "http":
+        serve_http(args.nodes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
