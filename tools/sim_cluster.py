@@ -3,11 +3,12 @@ every node of a generated stack answers SSH and every rank, worker, etcd and the
 as a healthy cluster does, on loopback, inside the benchmark's own network and mount namespaces.
 
 - SSH: one real sshd (Debian openssh-server, a throw-away host and client key) listening on
-  0.0.0.0:22 of the namespace, so it answers on every node address (127.1.x.y is loopback). The
-  scripts `logs`, `bundle` and `heal` send run for real, as root, in the namespace: /run is a
-  private tmpfs, so `docker` finds no daemon and every container read fails at once, as on a node
-  whose container is down; what is measured is the fan-out (sessions, the `--parallel` gate, the
-  deadline), the scripts' own start-up and the parsing of what comes back.
+  0.0.0.0:22 of the namespace, so it answers on every node address (127.1.x.y is loopback). Every
+  session reads the script the command sends and answers at once with the reply of a node whose
+  container is down (`ForceCommand`): a real node runs its script on its own CPU, beside the others,
+  while here 256 nodes' scripts would share the benchmark's 2 cores (a first version ran them: the
+  figures were the simulated nodes' work, not the command's). What is measured is the command's own
+  cost: the sessions (a real handshake each), the `--parallel` gate, the deadline, the parsing.
 - HTTP: the suite's loopback fakes (tests/status_support/hostile.py), one listening socket per
   distinct port on 0.0.0.0 (a few dozen for 1,280 ranks), answering as in tests/test_status_robust.py:
   /health, /v1/models, /metrics of every rank; etcd's gateway with every worker registered; the
@@ -76,7 +77,10 @@ class SimCluster:
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nStrictModes no\nPidFile none\nLogLevel ERROR\n"
             # One sshd stands in for every node: a real cluster spreads the sessions over N of them.
-            "MaxStartups 1024\nMaxSessions 1024\n")
+            "MaxStartups 1024\nMaxSessions 1024\n"
+            f"ForceCommand {self.dir}/node.sh\n")
+        (self.dir / "node.sh").write_text("#!/bin/sh\ncat >/dev/null\necho '@@apd hello'\n")
+        (self.dir / "node.sh").chmod(0o755)
         self.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")],
                                      stdout=subprocess.DEVNULL, stderr=open(self.dir / "sshd.log", "ab"))
         _wait_port(22)
