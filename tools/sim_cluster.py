@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -81,10 +82,14 @@ class SimCluster:
             f"ForceCommand {self.dir}/node.sh\n")
         (self.dir / "node.sh").write_text("#!/bin/sh\ncat >/dev/null\necho '@@apd hello'\n")
         (self.dir / "node.sh").chmod(0o755)
+        self.server: subprocess.Popen | None = None
         self.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")],
                                      stdout=subprocess.DEVNULL, stderr=open(self.dir / "sshd.log", "ab"))
-        _wait_port(22)
-        self.server: subprocess.Popen | None = None
+        try:
+            _wait_port(22)
+        except RuntimeError:
+            self.close()  # nothing left behind: sshd, keys
+            raise
 
     def http(self, nodes: int) -> None:
         """(Re)start the HTTP side for the generated N-node stack."""
@@ -105,6 +110,7 @@ class SimCluster:
         self._stop_http()
         self.sshd.kill()
         self.sshd.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)  # the throw-away keys go with it
 
 
 def serve_http(nodes: int) -> None:
