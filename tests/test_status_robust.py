@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -434,6 +435,41 @@ def test_malformed_etcd_answers(case, tmp_path):
     # The report renders both ways.
     assert not UNSAFE.search(status_report._for_terminal(format_table(plan, rep)))
     strict_json(status_report._to_json(rep))
+
+
+def test_the_smoke_reads_each_rank_once_before_its_completion(tmp_path):
+    """The smoke's "before" is the rank checks' own /metrics reads: each rank is read twice per poll
+    (its check, the smoke's "after"), not three times, and a first read slower than the smoke's old
+    quarter of its deadline (2.5 s of 10), yet within --timeout and half the smoke's, proves the P/D path."""
+    plan = plan_of(stack_values(tmp_path, 100))
+    http, workers, kinds = endpoints(plan)
+    routes = healthy_routes(plan)
+    healthy_metrics, healthy_completion = routes[("rank", "/metrics")], routes[("proxy", "/v1/chat/completions")]
+    reads, lock, answered = {}, threading.Lock(), threading.Event()
+    slow_s = 3.5  # the old code gave the "before" 2.5 s; now min(request_s 8, smoke_s 10 / 2) = 5 s
+
+    def metrics(req, conn, stop):  # every read before the completion is slow
+        with lock:
+            key = (req.address, req.port)
+            reads[key] = reads.get(key, 0) + 1
+        if not answered.is_set() and stop.wait(slow_s):
+            return
+        healthy_metrics(req, conn, stop)
+
+    def completion(req, conn, stop):
+        healthy_completion(req, conn, stop)
+        answered.set()
+
+    routes[("rank", "/metrics")], routes[("proxy", "/v1/chat/completions")] = metrics, completion
+    servers = [Hostile(http, Routes(kinds, routes)), Hostile(workers, accept_only())]
+    try:
+        rep = collect_status(plan, timeouts=Timeouts(connect_s=5, request_s=8, smoke_s=10))
+    finally:
+        for s in servers:
+            s.close()
+    assert rep.ok and rep.smoke.ok, rep.problems
+    assert rep.elapsed_s >= slow_s
+    assert reads == {(r.address, r.port): 2 for r in plan.ranks}, reads
 
 
 # ---------------------------------------------------------------------------------------------

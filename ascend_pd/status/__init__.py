@@ -20,7 +20,8 @@ one timeout and never hangs the command):
   and a decode rank's `vllm:external_prefix_cache_hits_total` (KV received from prefill) rose
   (`shell/pd_smoke.py`'s judgement; a decode-only fallback, an empty HTTP 200 or a bypassed prefill is
   a problem naming the side that did not take part). The reads and the completion share the smoke's
-  deadline.
+  deadline; the "before" is the rank checks' own `/metrics` reads (read.MetricsBoard), waited for up
+  to half of it.
 * per instance: requests running and waiting (`vllm:num_requests_running`/`_waiting`) and the
   requests its ranks finished (`vllm:request_success_total`, finished_reason stop/length) or failed
   (abort/error), summed over its ranks.

@@ -15,7 +15,7 @@ from .model import (NODE_FAIL, NODE_OK, RANK_FAIL, RANK_HUNG, RANK_OK, UNREACHAB
                     RequestCounters, RolloutKey, RolloutStatus, SmokeStatus, StatusReport, Timeouts, WorkerStatus)
 from .read import (_check_etcd_health, _check_etcd_members, _check_proxy, _check_rank_health, _check_rank_metrics,
                    _check_rank_models, _check_registrations, _check_rollout, _check_tcp, _poll, _rank_component,
-                   _smoke, _unreachable)
+                   MetricsBoard, _smoke, _unreachable)
 
 
 def _etcd_verdict(plan: Plan, results: dict) -> EtcdStatus:
@@ -200,14 +200,18 @@ def collect_status(
         ("etcd", "rollout"): lambda: _check_rollout(plan, t),
         ("proxy", "healthcheck"): lambda: _check_proxy(plan, t),
     }
+    board = MetricsBoard([f"http://{r.address}:{r.port}" for r in plan.ranks]) if smoke else None
     if smoke:
-        jobs[("proxy", "smoke")] = lambda: _smoke(plan, t)
+        jobs[("proxy", "smoke")] = lambda: _smoke(plan, t, board)
+    # The /metrics reads first: the smoke's "before" is made of them (they start before the other
+    # rank requests when the ranks outnumber the threads).
+    for r in plan.ranks:
+        jobs[("rank", r.name, "metrics")] = lambda r=r: _check_rank_metrics(r, t, board)
     for w in plan.workers:
         jobs[("worker", w.address)] = lambda w=w: _check_tcp(w.address, t)
     for r in plan.ranks:
         jobs[("rank", r.name, "health")] = lambda r=r: _check_rank_health(r, t)
         jobs[("rank", r.name, "models")] = lambda r=r: _check_rank_models(r, t)
-        jobs[("rank", r.name, "metrics")] = lambda r=r: _check_rank_metrics(r, t)
     results = _poll(jobs, t, progress)
 
     problems: list[Problem] = []

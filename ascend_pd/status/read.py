@@ -9,6 +9,7 @@ import math
 import os
 import re
 import socket
+import threading
 import time
 from dataclasses import replace
 from typing import Callable, Optional
@@ -438,8 +439,39 @@ def _metrics_samples(url: str, t: Timeouts, total_s: float) -> dict:
     return samples
 
 
-def _check_rank_metrics(r: Rank, t: Timeouts) -> tuple[CacheCounters, RequestCounters, Activity]:
-    samples = _metrics_samples(f"http://{r.address}:{r.port}", t, t.request_s)
+class MetricsBoard:
+    """The ranks' /metrics counters as this poll's rank checks read them, shared with the smoke as
+    its "before" snapshot: one read per rank instead of two, and a rank that passed its own check
+    (within --timeout) is never unreadable to the smoke for a tighter deadline of its own."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = frozenset(urls)  # the ranks whose checks post here
+        self._counts: dict[str, Optional[dict]] = {}
+        self._cond = threading.Condition()
+
+    def put(self, url: str, counts: Optional[dict]) -> None:
+        with self._cond:
+            self._counts[url] = counts
+            self._cond.notify_all()
+
+    def wait(self, urls: list[str], until: float) -> dict:
+        """{url: counts or None} for those of `urls` posted here, once all of them are in or at `until`
+        (time.monotonic()); one not in by then maps to None."""
+        mine = [u for u in urls if u in self.urls]
+        with self._cond:
+            self._cond.wait_for(lambda: all(u in self._counts for u in mine),
+                                timeout=max(0.0, until - time.monotonic()))
+            return {u: self._counts.get(u) for u in mine}
+
+
+def _check_rank_metrics(r: Rank, t: Timeouts, board: Optional[MetricsBoard] = None
+                        ) -> tuple[CacheCounters, RequestCounters, Activity]:
+    url, samples = f"http://{r.address}:{r.port}", None
+    try:
+        samples = _metrics_samples(url, t, t.request_s)
+    finally:  # a failed read is posted too: the smoke stops waiting for it
+        if board is not None:
+            board.put(url, _pd_counts(samples) if samples is not None else None)
     return CacheCounters.from_samples(samples), RequestCounters.from_samples(samples), Activity.from_samples(samples)
 
 
@@ -474,9 +506,10 @@ def _pd_snapshot(urls: list[str], t: Timeouts, until: float) -> dict:
     return out
 
 
-def _smoke(plan: Plan, t: Timeouts) -> tuple[float, str, str]:
+def _smoke(plan: Plan, t: Timeouts, board: Optional[MetricsBoard] = None) -> tuple[float, str, str]:
     """One chat completion that a prefill and a decode rank must both serve (pd_smoke.judge), every
-    rank's /metrics read before and after it, all within the smoke's deadline."""
+    rank's /metrics read before and after it, all within the smoke's deadline. With `board` (a poll
+    whose rank checks read every rank's /metrics at the same time) their reads are the "before"."""
     body = {
         "model": plan.cfg.model.served_name,
         "messages": [{"role": "user", "content": "hello"}],
@@ -487,10 +520,15 @@ def _smoke(plan: Plan, t: Timeouts) -> tuple[float, str, str]:
     urls = ranks["prefill"] + ranks["decode"]
     started = time.monotonic()
     deadline = started + t.smoke_s
-    phase = min(t.request_s, t.smoke_s / 4)  # each round of /metrics; the completion gets the rest
-    before = _pd_snapshot(urls, t, started + phase)
+    after_s = min(t.request_s, t.smoke_s / 4)  # the round of /metrics after it
+    if board is None:
+        before = _pd_snapshot(urls, t, started + after_s)
+    else:  # the rank checks' reads, each bounded by request_s: up to half the smoke's deadline
+        before = board.wait(urls, started + min(t.request_s, t.smoke_s / 2))
+        missing = [u for u in urls if u not in before]  # a backend that is no planned rank: read it here
+        before.update(_pd_snapshot(missing, t, started + after_s) if missing else {})
     t0 = time.monotonic()
-    budget = max(deadline - phase - t0, 0.001)
+    budget = max(deadline - after_s - t0, 0.001)
     ts = replace(t, request_s=budget)
     try:
         code, raw = _http("POST", f"{plan.proxy.url}/v1/chat/completions", ts, budget, body,
