@@ -150,14 +150,62 @@ def serve_http(nodes: int) -> None:
         s.close()
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of a process and of its children it has reaped (/proc/PID/stat utime..cstime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def ssh_cost(sessions: int, extra: list[str]) -> None:
+    """Where one session's CPU goes: the command's side (the `ssh` processes, with the program's own
+    argv, ascend_pd.ssh.Target) and the node's side (sshd and what it starts), one session at a time
+    and `DEFAULT_PARALLEL` at once. On a real cluster the node's side runs on that node."""
+    import resource
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ascend_pd.ssh import DEFAULT_PARALLEL, Target
+
+    sim = SimCluster()
+    try:
+        known = sim.dir / "known_hosts"
+        addresses = [f"127.1.{i // 250}.{1 + i % 250}" for i in range(sessions)]
+        known.write_text("".join(f"{a} {sim.host_key}\n" for a in addresses))
+
+        def one(address: str) -> None:
+            argv = Target(address, address, "root", 22, str(sim.identity), str(known), 10.0).argv()
+            argv[1:1] = extra  # options go before the "--" that ends them
+            r = subprocess.run(argv, input="echo hi\n", capture_output=True, text=True, timeout=120)
+            if "@@apd hello" not in r.stdout:
+                raise RuntimeError(f"ssh {address}: rc {r.returncode}: {r.stderr.strip()[:300]}")
+
+        print(f"ssh {' '.join(extra) or '(default options)'}: {subprocess.run(['ssh', '-V'], capture_output=True, text=True).stderr.strip()}")
+        for label, width in (("one at a time", 1), (f"{DEFAULT_PARALLEL} at once", DEFAULT_PARALLEL)):
+            mine0, node0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_s(sim.sshd.pid), time.monotonic()
+            with ThreadPoolExecutor(width) as pool:
+                list(pool.map(one, addresses))
+            wall, mine1, node1 = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_s(sim.sshd.pid)
+            mine = (mine1.ru_utime + mine1.ru_stime) - (mine0.ru_utime + mine0.ru_stime)
+            print(f"{label:>14}: {sessions} sessions in {wall:.1f} s; CPU per session: the command's side "
+                  f"{mine / sessions * 1000:.0f} ms, the node's side {(node1 - node0) / sessions * 1000:.0f} ms", flush=True)
+    finally:
+        sim.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.sim_cluster")
     sub = ap.add_subparsers(dest="command", required=True)
     h = sub.add_parser("http", help="serve the HTTP side of the generated N-node stack (inside the namespaces)")
     h.add_argument("--nodes", type=int, required=True)
+    c = sub.add_parser("ssh-cost", help="CPU per ssh session, the command's side and the node's (needs root)")
+    c.add_argument("--sessions", type=int, default=64)
+    c.add_argument("ssh_options", nargs="*", help="extra ssh options after --, e.g. -- -o KexAlgorithms=...")
     args = ap.parse_args(argv)
     if args.command == "http":
         serve_http(args.nodes)
+    elif not in_namespace():
+        return reexec_in_namespace(["tools.sim_cluster", *(argv if argv is not None else sys.argv[1:])])
+    else:
+        ssh_cost(args.sessions, args.ssh_options)
     return 0
 
 
