@@ -39,6 +39,10 @@ RETAINT_S = 0.25
 # Under ascend-pd:proxy.keepRemovedOut the removal holds by itself (shell/pd_proxy_launch.py): it is
 # re-asserted only in case the proxy restarted from its argv, which lists every instance.
 RETAINT_KEPT_S = 5.0
+# How long a launch asks a proxy that answers slowly, or with an error, before it restarts its instance
+# without taking it out first (rollout_lib.sh proxy_call_patient): two more 5 s calls. Seen under load:
+# one call past its 5 s while the proxy had answered the call just before.
+PROXY_PATIENCE_S = 10
 DRAIN_QUIET_POLLS = 4  # idle polls in a row (0.5 s apart) before an instance counts as drained
 PROGRESS_EVERY_S = 60  # a progress line while waiting: long waits are visible, stdout stays small
 GROUP_KEY_PREFIX = "/ascend-pd/launch"  # etcd prefix of the launch states of multi-node groups
@@ -83,7 +87,7 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
     slot_ttl = restart_bound_s(cfg) + ROLLOUT_MARGIN_S
     rollout = params(
         proxy_url=plan.proxy.url, proxy_type=instance.role, spares=same_role - 1,
-        retaint_s=RETAINT_KEPT_S if cfg.proxy.keep_removed_out else RETAINT_S,
+        retaint_s=RETAINT_KEPT_S if cfg.proxy.keep_removed_out else RETAINT_S, proxy_patience_s=PROXY_PATIENCE_S,
         drain_quiet_polls=DRAIN_QUIET_POLLS, drain_timeout_s=ro.drain_timeout_s,
         slots=slots, slot_ttl_s=slot_ttl,
         # Every other instance of the role may go first, one slot-time each.

@@ -16,6 +16,7 @@ proxy_url=http://192.0.2.30:8088
 proxy_type=decode
 spares=0
 retaint_s=5.0
+proxy_patience_s=10
 drain_quiet_polls=4
 drain_timeout_s=300
 slots=1
@@ -156,6 +157,19 @@ proxy_call() {  # proxy_call add|remove HOST:PORT...: POST to the proxy; its ans
     -d "$(rollout_json "$@")" 2>/dev/null
 }
 
+proxy_call_patient() {  # proxy_call_patient add|remove HOST:PORT...: proxy_call, tried again for up to
+  # proxy_patience_s while the proxy is there but does not answer in time (or answers an error): one
+  # slow answer from a proxy busy with the cluster's traffic must not cost the drain. Nothing listening
+  # (curl's 7) is a proxy that is gone, not slow: no wait.
+  local until=$((SECONDS + proxy_patience_s)) rc
+  while :; do
+    proxy_call "$@" && return 0
+    rc=$?
+    if [ "$rc" = 7 ] || [ "$SECONDS" -ge "$until" ]; then return "$rc"; fi
+    sleep 1
+  done
+}
+
 keeper_pid=""
 out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the proxy and keep them out;
   # 1 when the proxy does not answer. `serving`: the ranks serve and are about to stop, so the
@@ -170,7 +184,7 @@ out_of_proxy() {  # out_of_proxy [serving]: take this node's ranks out of the pr
     mapfile -t stale < <(role_listed)
     targets+=(${stale[@]+"${stale[@]}"})
   fi
-  proxy_call remove "${targets[@]}" >/dev/null || { echo "$instance: the proxy at $proxy_url does not answer: not draining through it"; return 1; }
+  proxy_call_patient remove "${targets[@]}" >/dev/null || { echo "$instance: the proxy at $proxy_url does not answer: not draining through it"; return 1; }
   if [ "$spares" -gt 0 ]; then
     # Re-asserted until into_proxy (or the script's end): see the top of this file.
     (while sleep "$retaint_s"; do proxy_call remove "${local_endpoints[@]}" >/dev/null || true; done) </dev/null >/dev/null 2>&1 &
@@ -330,7 +344,7 @@ slot_held() {  # find the slot this instance holds (taken by the delete of its o
 proxy_lists() {  # proxy_lists HOST:PORT...: 0 when the proxy answers and lists one of them (tainted or not)
   local answer listed ep
   # A removal of no instance changes nothing and answers with the current lists.
-  answer=$(proxy_call remove) || return 1
+  answer=$(proxy_call_patient remove) || return 1
   listed=$(printf '%s' "$answer" | grep -o "\"current_${proxy_type}_instances\": *\[[^]]*\]") || return 1
   for ep in "$@"; do case "$listed" in *"\"$ep\""*) return 0 ;; esac; done
   return 1
