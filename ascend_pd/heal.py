@@ -245,7 +245,7 @@ def _one_request(plan: Plan, inst: Instance) -> Optional[str]:
     """The launch's one-token completion on the instance's first rank; None when it answered."""
     r = inst.ranks[0]
     try:
-        resp = requests.post(f"http://{r.address}:{r.port}/v1/completions", timeout=ONE_REQUEST_TIMEOUT_S,
+        resp = requests.post(f"{r.url}/v1/completions", timeout=ONE_REQUEST_TIMEOUT_S,
                              json={"model": plan.cfg.model.served_name, "prompt": "ping", "max_tokens": 1},
                              proxies={"http": None, "https": None})
     except requests.RequestException as exc:

@@ -53,6 +53,10 @@ class NodePlan:
         return tuple(f"{old}-{suffix}" for old in self.former_names)
 
 
+def rank_url(address: str, port: int) -> str:
+    return f"http://{address}:{port}"
+
+
 @dataclass(frozen=True)
 class Rank:
     role: str
@@ -76,6 +80,11 @@ class Rank:
     @property
     def name(self) -> str:
         return f"{self.role}-{self.instance}-r{self.dp_rank}"
+
+    @property
+    def url(self) -> str:
+        """Its API server: what the proxy lists (ProxyPlan.backends_json) and status reads."""
+        return rank_url(self.address, self.port)
 
     @property
     def instance_name(self) -> str:
@@ -161,8 +170,8 @@ class ProxyPlan:
     def backends_json(self) -> str:
         """The proxy's backends as rank URLs, `{"prefill": [...], "decode": [...]}`: whose /metrics the
         P/D smoke check reads."""
-        return json.dumps({"prefill": [f"http://{h}:{p}" for h, p in self.prefillers],
-                           "decode": [f"http://{h}:{p}" for h, p in self.decoders]}, separators=(",", ":"))
+        return json.dumps({"prefill": [rank_url(h, p) for h, p in self.prefillers],
+                           "decode": [rank_url(h, p) for h, p in self.decoders]}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

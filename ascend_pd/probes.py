@@ -129,10 +129,10 @@ esac
 """
     if ranks:
         starts = "\n".join(
-            f"{{ rc=0; {curl} -o /dev/null -w '%{{http_code}}' {q(f'http://{r.address}:{r.port}/health')} 2>/dev/null "
+            f"{{ rc=0; {curl} -o /dev/null -w '%{{http_code}}' {q(f'{r.url}/health')} 2>/dev/null "
             f"|| rc=$?; echo \" $rc\"; }} > \"$tmp\"/{q(r.name)} &" for r in ranks)
-        verdicts = "\n".join(f"rank_verdict {q(r.name)} {q(f'http://{r.address}:{r.port}/health')} "
-                             f"{q(f'http://{r.address}:{r.port}/metrics')}" for r in ranks)
+        verdicts = "\n".join(f"rank_verdict {q(r.name)} {q(f'{r.url}/health')} "
+                             f"{q(f'{r.url}/metrics')}" for r in ranks)
         text += params(n_ranks=len(ranks), hang_dir=f"{plan.probe_dir}/hang", hang_s=plan.cfg.hang.seconds) \
             + f"hang_curl=(--noproxy '*' -sS --connect-timeout {s.connect_timeout_s} -m {s.http_timeout_s})\n" \
             + library("hang_lib") + f"""

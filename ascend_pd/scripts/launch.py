@@ -101,9 +101,9 @@ def launch(plan: Plan, instance: Instance, node: str) -> Script:
                    first_rank=f"http://{ranks[0].address}:{ranks[0].port}")
     endpoint_arrays = (f"endpoints=({' '.join(q(f'{r.address}:{r.port}') for r in instance.ranks)})\n"
          f"local_endpoints=({' '.join(q(f'{r.address}:{r.port}') for r in ranks)})\n"
-         f"metrics_urls=({' '.join(q(f'http://{r.address}:{r.port}/metrics') for r in instance.ranks)})\n")
-    group_urls = " ".join(q(f"http://{r.address}:{r.port}/health") for r in instance.ranks)
-    checks = "\n  ".join(f"check_rank {q(r.name)} {q(f'http://{r.address}:{r.port}/health')} && healthy=$((healthy + 1))"
+         f"metrics_urls=({' '.join(q(f'{r.url}/metrics') for r in instance.ranks)})\n")
+    group_urls = " ".join(q(f"{r.url}/health") for r in instance.ranks)
+    checks = "\n  ".join(f"check_rank {q(r.name)} {q(f'{r.url}/health')} && healthy=$((healthy + 1))"
                          for r in ranks)
     create = top + rollout + check + ("" if multi_node else params(etcd_url=plan.etcd.client_url)) + endpoint_arrays \
         + source_env_files(cfg.container.env_files) \

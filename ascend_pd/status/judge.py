@@ -98,7 +98,7 @@ def _rank_verdict(plan: Plan, r: Rank, results: dict) -> RankStatus:
     if mok and not listed:
         why.append(f"/v1/models lists {models}, not {served!r}")
     return RankStatus(name=r.name, role=r.role, instance=r.instance, dp_rank=r.dp_rank, node=r.node,
-                      url=f"http://{r.address}:{r.port}", health=hok, model_listed=listed, models=models,
+                      url=r.url, health=hok, model_listed=listed, models=models,
                       metrics=xok, counters=xv[0] if xok else None, ok=not why, reason="; ".join(why),
                       requests=xv[1] if xok else None, activity=xv[2] if xok else None,
                       state=RANK_FAIL if why else RANK_OK)
@@ -200,7 +200,7 @@ def collect_status(
         ("etcd", "rollout"): lambda: _check_rollout(plan, t),
         ("proxy", "healthcheck"): lambda: _check_proxy(plan, t),
     }
-    board = MetricsBoard([f"http://{r.address}:{r.port}" for r in plan.ranks]) if smoke else None
+    board = MetricsBoard([r.url for r in plan.ranks]) if smoke else None
     if smoke:
         jobs[("proxy", "smoke")] = lambda: _smoke(plan, t, board)
     # The /metrics reads first: the smoke's "before" is made of them (they start before the other

@@ -410,14 +410,14 @@ def _check_tcp(address: str, t: Timeouts) -> None:
 
 
 def _check_rank_health(r: Rank, t: Timeouts) -> None:
-    code, body = _http("GET", f"http://{r.address}:{r.port}/health", t, t.request_s)
+    code, body = _http("GET", f"{r.url}/health", t, t.request_s)
     if code != 200:
         raise _Failure(f"/health: HTTP {code} {_short(body.decode(errors='replace'), 60)}".rstrip())
 
 
 def _check_rank_models(r: Rank, t: Timeouts) -> list[str]:
     try:
-        answer = _get_json(f"http://{r.address}:{r.port}/v1/models", t)
+        answer = _get_json(f"{r.url}/v1/models", t)
     except _Failure as exc:
         raise _Failure(f"/v1/models: {exc}") from None
     try:
@@ -466,7 +466,7 @@ class MetricsBoard:
 
 def _check_rank_metrics(r: Rank, t: Timeouts, board: Optional[MetricsBoard] = None
                         ) -> tuple[CacheCounters, RequestCounters, Activity]:
-    url, samples = f"http://{r.address}:{r.port}", None
+    url, samples = r.url, None
     try:
         samples = _metrics_samples(url, t, t.request_s)
     finally:  # a failed read is posted too: the smoke stops waiting for it
